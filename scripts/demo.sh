@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The README's main job: builds moe-ep, runs the MoE block of a small Qwen3-MoE
+# model that ships with the repo (tests/fixtures/qwen3_moe, made by transformers)
+# and checks it against transformers' own output, then benchmarks a layer of
+# Qwen3-30B-A3B's shape on this machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh >/dev/null
+BIN=build/moe-ep
+MODEL=tests/fixtures/qwen3_moe
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+echo
+echo "== 1. The MoE block of layer 2 of $MODEL on 33 tokens (f32, then bf16)"
+# Tolerances: f32 differs from transformers only by summation order; bf16 rounds
+# each expert's intermediate activation to bf16 (see tests/test_fixtures.cpp).
+for run in "f32 1e-5 1e-5" "bf16 2e-2 1.6e-2"; do
+  set -- $run
+  $BIN layer --model $MODEL --layer 2 --input $MODEL/golden/L2_T33_in.safetensors \
+    --output "$OUT/y_$1.safetensors" --dtype $1
+  $BIN compare "$OUT/y_$1.safetensors" $MODEL/golden/L2_T33_out.safetensors --atol $2 --rtol $3 \
+    --label "moe-ep $1 vs transformers fp32"
+done
+
+echo
+echo "== 2. One Qwen3-30B-A3B-shaped MoE layer (H=2048, I=768, E=128, k=8), random bf16 weights"
+$BIN bench --shape qwen3-30b-a3b --tokens 1,16,128 --dtype bf16 --seconds 1

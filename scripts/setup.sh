@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what moe-ep needs to build and test, from Debian packages only.
+# Idempotent: when every package is already there it changes nothing.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake
+  libfmt-dev nlohmann-json3-dev libcli11-dev   # formatting, JSON, command line
+  libgtest-dev libgmock-dev libbenchmark-dev   # tests and micro-benchmarks
+  libopenmpi-dev openmpi-bin                   # ranks (expert parallelism)
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi

@@ -1,0 +1,117 @@
+#include "core/cpu.h"
+
+#include <cpuid.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include "core/check.h"
+
+namespace moe {
+
+namespace {
+
+uint64_t xgetbv0() {
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = c & (1u << 27);
+  f.fma = c & (1u << 12);
+  f.f16c = c & (1u << 29);
+  if (!osxsave) return f;
+  const uint64_t xcr0 = xgetbv0();
+  const bool os_avx = (xcr0 & 0x6) == 0x6;             // XMM and YMM state
+  const bool os_avx512 = os_avx && (xcr0 & 0xe0) == 0xe0;  // opmask, ZMM_Hi256, Hi16_ZMM
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+  f.avx2 = os_avx && (b & (1u << 5));
+  if (os_avx512) {
+    f.avx512f = b & (1u << 16);
+    f.avx512dq = b & (1u << 17);
+    f.avx512bw = b & (1u << 30);
+    f.avx512vl = b & (1u << 31);
+    f.avx512_vnni = c & (1u << 11);
+    unsigned a1, b1, c1, d1;
+    if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f.avx512_bf16 = a1 & (1u << 5);
+  }
+  if (!os_avx) f.fma = f.f16c = false;
+  return f;
+}
+
+Isa detected_isa() {
+  const CpuFeatures& f = cpu_features();
+  const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma;
+  if (avx512 && f.avx512_bf16) return Isa::Avx512Bf16;
+  if (avx512) return Isa::Avx512;
+  if (f.avx2 && f.fma && f.f16c) return Isa::Avx2;
+  return Isa::Portable;
+}
+
+Isa env_cap() {
+  const char* e = std::getenv("MOE_ISA");
+  return e && *e ? parse_isa(e) : Isa::Avx512Bf16;
+}
+
+std::atomic<int> g_cap{-1};
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+Isa parse_isa(const std::string& s) {
+  if (s == "portable") return Isa::Portable;
+  if (s == "avx2") return Isa::Avx2;
+  if (s == "avx512") return Isa::Avx512;
+  if (s == "avx512bf16" || s == "native") return Isa::Avx512Bf16;
+  MOE_FAIL("unknown ISA '{}': expected portable, avx2, avx512 or avx512bf16", s);
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Portable: return "portable";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+    case Isa::Avx512Bf16: return "avx512bf16";
+  }
+  return "?";
+}
+
+void set_isa_cap(Isa cap) { g_cap.store(static_cast<int>(cap)); }
+
+Isa active_isa() {
+  int cap = g_cap.load();
+  if (cap < 0) {
+    static const Isa from_env = env_cap();
+    cap = static_cast<int>(from_env);
+  }
+  const Isa hw = detected_isa();
+  return static_cast<Isa>(std::min(cap, static_cast<int>(hw)));
+}
+
+std::string cpu_summary() {
+  const CpuFeatures& f = cpu_features();
+  std::string s;
+  auto add = [&](bool on, const char* name) {
+    if (on) s += std::string(s.empty() ? "" : " ") + name;
+  };
+  add(f.avx2, "avx2");
+  add(f.fma, "fma");
+  add(f.f16c, "f16c");
+  add(f.avx512f, "avx512f");
+  add(f.avx512bw, "avx512bw");
+  add(f.avx512vl, "avx512vl");
+  add(f.avx512dq, "avx512dq");
+  add(f.avx512_bf16, "avx512_bf16");
+  add(f.avx512_vnni, "avx512_vnni");
+  return (s.empty() ? std::string("baseline x86-64") : s) + " (active: " + isa_name(active_isa()) + ")";
+}
+
+}  // namespace moe

@@ -1,0 +1,19 @@
+// Threading: OpenMP.
+//
+// Why OpenMP rather than our own pool: every kernel here is a flat list of
+// independent tasks (expert x output block) run with dynamic scheduling, which
+// `#pragma omp parallel for schedule(dynamic)` does with no code of ours to
+// maintain; GCC ships libgomp, so it costs no dependency. Its threads spin
+// briefly between parallel regions (OMP_WAIT_POLICY), which is what a
+// layer-after-layer inference loop wants. The number of threads is set once by
+// set_num_threads (the CLI's --threads, default: all cores of this process's
+// affinity mask divided by the ranks on this host, see the EP issue).
+#pragma once
+
+namespace moe {
+
+int num_threads();
+void set_num_threads(int n);  // n <= 0: hardware default
+int thread_id();              // inside a parallel region, 0..num_threads()-1
+
+}  // namespace moe

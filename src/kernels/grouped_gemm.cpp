@@ -1,0 +1,250 @@
+// Grouped GEMM: packing, the scalar reference, task building and ISA dispatch, and the
+// portable kernel. The AVX-512 kernels live in grouped_gemm_avx512.cpp, the AVX2 build of
+// the portable kernel in grouped_gemm_avx2.cpp. Layout: see grouped_gemm_impl.h.
+#include "kernels/grouped_gemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/check.h"
+#include "core/cpu.h"
+#include "kernels/grouped_gemm_generic.h"
+#include "kernels/grouped_gemm_impl.h"
+
+namespace moe {
+
+using gg::kGateCols;
+using gg::kPanel;
+
+PackedExperts make_packed_experts(int64_t n_experts, int64_t n, int64_t k, DType dtype, bool gated) {
+  MOE_CHECK(dtype == DType::F32 || dtype == DType::BF16, "packed experts: dtype must be f32 or bf16, got {}",
+            dtype_name(dtype));
+  MOE_CHECK(n_experts >= 0 && n > 0 && k > 0, "packed experts: bad shape E={} n={} k={}", n_experts, n, k);
+  MOE_CHECK(!gated || n % 2 == 0, "packed experts: gated weights need an even n (gate + up rows), got n={}", n);
+  PackedExperts p;
+  p.dtype = dtype;
+  p.n_experts = n_experts;
+  p.n = n;
+  p.k = k;
+  p.gated = gated;
+  p.expert_stride = gg::n_panels(n, gated) * gg::panel_elems(k, dtype);
+  // Zeroed so the padding columns / the padding k of an odd K read as 0.
+  p.data = Tensor::zeros({n_experts * p.expert_stride}, dtype);
+  return p;
+}
+
+namespace {
+
+// Logical row of W (gate rows then up rows) held by column j of panel P; -1 = padding.
+int64_t panel_col_to_row(const PackedExperts& p, int64_t P, int j) {
+  if (p.gated) {
+    const int64_t half = p.n / 2;
+    const int64_t c = P * kGateCols + (j % kGateCols);
+    if (c >= half) return -1;
+    return j < kGateCols ? c : half + c;
+  }
+  const int64_t r = P * kPanel + j;
+  return r < p.n ? r : -1;
+}
+
+}  // namespace
+
+void pack_expert(PackedExperts& p, int64_t e, const Tensor& w) {
+  MOE_CHECK(0 <= e && e < p.n_experts, "pack_expert: expert {} out of range [0, {})", e, p.n_experts);
+  MOE_CHECK(w.ndim() == 2 && w.dim(0) == p.n && w.dim(1) == p.k, "pack_expert: expected weight [{}, {}], got {}",
+            p.n, p.k, w.describe());
+  const Tensor wf = w.dtype() == DType::F32 && w.is_contiguous() ? w : w.to(DType::F32);
+  const float* src = wf.data<float>();
+  const int64_t np = gg::n_panels(p.n, p.gated), pe = gg::panel_elems(p.k, p.dtype), K = p.k;
+  for (int64_t P = 0; P < np; ++P) {
+    for (int j = 0; j < kPanel; ++j) {
+      const int64_t row = panel_col_to_row(p, P, j);
+      if (row < 0) continue;
+      const float* wr = src + row * K;
+      if (p.dtype == DType::F32) {
+        float* dst = p.data.data<float>() + e * p.expert_stride + P * pe;
+        for (int64_t k = 0; k < K; ++k) dst[k * kPanel + j] = wr[k];
+      } else {
+        uint16_t* dst = p.data.data<uint16_t>() + e * p.expert_stride + P * pe;
+        for (int64_t k = 0; k < K; ++k) dst[((k / 2) * kPanel + j) * 2 + (k & 1)] = f32_to_bf16(wr[k]);
+      }
+    }
+  }
+}
+
+Tensor unpack_expert(const PackedExperts& p, int64_t e) {
+  MOE_CHECK(0 <= e && e < p.n_experts, "unpack_expert: expert {} out of range [0, {})", e, p.n_experts);
+  Tensor out = Tensor::zeros({p.n, p.k}, DType::F32);
+  float* dst = out.data<float>();
+  const int64_t np = gg::n_panels(p.n, p.gated), pe = gg::panel_elems(p.k, p.dtype), K = p.k;
+  for (int64_t P = 0; P < np; ++P) {
+    for (int j = 0; j < kPanel; ++j) {
+      const int64_t row = panel_col_to_row(p, P, j);
+      if (row < 0) continue;
+      float* wr = dst + row * K;
+      if (p.dtype == DType::F32) {
+        const float* s = p.data.data<float>() + e * p.expert_stride + P * pe;
+        for (int64_t k = 0; k < K; ++k) wr[k] = s[k * kPanel + j];
+      } else {
+        const uint16_t* s = p.data.data<uint16_t>() + e * p.expert_stride + P * pe;
+        for (int64_t k = 0; k < K; ++k) wr[k] = bf16_to_f32(s[((k / 2) * kPanel + j) * 2 + (k & 1)]);
+      }
+    }
+  }
+  return out;
+}
+
+float act_gate(Activation act, float gate) { return gg::ActMath<gg::ScalarOps>::gate(act, gate); }
+
+Activation parse_activation(const std::string& s) {
+  if (s == "silu" || s == "swish" || s == "swiglu") return Activation::SiluMul;
+  if (s == "gelu" || s == "gelu_erf") return Activation::GeluErfMul;
+  if (s == "gelu_pytorch_tanh" || s == "gelu_new" || s == "gelu_tanh" || s == "gelu_fast")
+    return Activation::GeluTanhMul;
+  MOE_FAIL("unknown activation '{}': expected silu, gelu, gelu_pytorch_tanh or gelu_new", s);
+}
+
+namespace {
+
+void check_params(const GroupedGemmParams& p) {
+  MOE_CHECK(p.w != nullptr, "grouped_gemm: no weights");
+  const PackedExperts& w = *p.w;
+  MOE_CHECK(w.dtype == DType::F32 || w.dtype == DType::BF16, "grouped_gemm: weights must be f32 or bf16");
+  MOE_CHECK(p.c_dtype == DType::F32 || p.c_dtype == DType::BF16, "grouped_gemm: c_dtype must be f32 or bf16, got {}",
+            dtype_name(p.c_dtype));
+  MOE_CHECK(p.act == Activation::None || w.gated, "grouped_gemm: an activation needs gated (W13) weights");
+  MOE_CHECK(p.offsets != nullptr, "grouped_gemm: no offsets");
+  MOE_CHECK(p.offsets[0] >= 0, "grouped_gemm: offsets[0] = {} < 0", p.offsets[0]);
+  for (int64_t e = 0; e < w.n_experts; ++e)
+    MOE_CHECK(p.offsets[e] <= p.offsets[e + 1], "grouped_gemm: offsets not monotonic at expert {} ({} > {})", e,
+              p.offsets[e], p.offsets[e + 1]);
+  if (p.offsets[w.n_experts] > p.offsets[0]) {
+    MOE_CHECK(p.a != nullptr && p.c != nullptr, "grouped_gemm: null a or c");
+    MOE_CHECK(p.lda >= w.k, "grouped_gemm: lda {} < k {}", p.lda, w.k);
+    MOE_CHECK(p.ldc >= w.n_out(), "grouped_gemm: ldc {} < n_out {}", p.ldc, w.n_out());
+  }
+}
+
+gg::Job make_job(const GroupedGemmParams& p) {
+  const PackedExperts& w = *p.w;
+  gg::Job j;
+  const int64_t es = dtype_size(w.dtype);
+  j.w = static_cast<const char*>(w.data.raw());
+  j.expert_stride = w.expert_stride * es;
+  j.panel_stride = gg::panel_elems(w.k, w.dtype) * es;
+  j.k = w.k;
+  j.n_out = w.n_out();
+  j.gated = w.gated;
+  j.act = p.act;
+  j.a = static_cast<const char*>(p.a);
+  j.lda_bytes = p.lda * es;
+  j.offsets = p.offsets;
+  j.c = static_cast<char*>(p.c);
+  j.ldc_bytes = p.ldc * dtype_size(p.c_dtype);
+  j.c_dtype = p.c_dtype;
+  return j;
+}
+
+using Runner = void (*)(const gg::Job&, const gg::Task&);
+
+Runner pick_runner(DType wt) {
+  const Isa isa = active_isa();
+  if (wt == DType::BF16) {
+    switch (isa) {
+      case Isa::Avx512Bf16: return gg::run_task_avx512bf16;
+      case Isa::Avx512: return gg::run_task_avx512_bf16emu;
+      case Isa::Avx2: return gg::run_task_avx2_bf16;
+      case Isa::Portable: return gg::run_task_portable_bf16;
+    }
+  }
+  switch (isa) {
+    case Isa::Avx512Bf16:
+    case Isa::Avx512: return gg::run_task_avx512_f32;
+    case Isa::Avx2: return gg::run_task_avx2_f32;
+    case Isa::Portable: break;
+  }
+  return gg::run_task_portable_f32;
+}
+
+// Experts with at most this many rows run as a weight-streaming GEMV: each task covers
+// several panels so it streams ~kDecodeTaskBytes of weights in one go (amortises the
+// scheduling and lets the hardware prefetcher lock on to one long stream per thread).
+constexpr int64_t kDecodeMaxRows = 4;
+constexpr int64_t kDecodeTaskBytes = 1 << 20;
+
+void build_tasks(const gg::Job& j, int64_t n_experts, int64_t np, int nt, std::vector<gg::Task>& tasks) {
+  tasks.clear();
+  int64_t decode_panels = 0;
+  for (int64_t e = 0; e < n_experts; ++e) {
+    const int64_t rows = j.offsets[e + 1] - j.offsets[e];
+    if (rows > 0 && rows <= kDecodeMaxRows) decode_panels += np;
+  }
+  // Panels per decode task: ~kDecodeTaskBytes, but at least ~8 tasks per thread for balance.
+  int64_t g = std::max<int64_t>(1, kDecodeTaskBytes / std::max<int64_t>(1, j.panel_stride));
+  g = std::min(g, std::max<int64_t>(1, decode_panels / (8 * nt)));
+  for (int64_t e = 0; e < n_experts; ++e) {
+    const int64_t rows = j.offsets[e + 1] - j.offsets[e];
+    if (rows == 0) continue;
+    const int64_t step = rows <= kDecodeMaxRows ? g : 1;
+    for (int64_t P = 0; P < np; P += step)
+      tasks.push_back({static_cast<int32_t>(e), static_cast<int32_t>(P), static_cast<int32_t>(std::min(np, P + step))});
+  }
+}
+
+}  // namespace
+
+void grouped_gemm(const GroupedGemmParams& p) {
+  check_params(p);
+  const PackedExperts& w = *p.w;
+  const gg::Job j = make_job(p);
+  const int64_t np = gg::n_panels(w.n, w.gated);
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  thread_local std::vector<gg::Task> tasks;
+  build_tasks(j, w.n_experts, np, nt, tasks);
+  if (tasks.empty()) return;
+  const Runner run = pick_runner(w.dtype);
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  const gg::Task* tk = tasks.data();
+  if (nt == 1 || n_tasks == 1) {
+    for (int64_t i = 0; i < n_tasks; ++i) run(j, tk[i]);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t i = 0; i < n_tasks; ++i) run(j, tk[i]);
+}
+
+void grouped_gemm_reference(const GroupedGemmParams& p) {
+  check_params(p);
+  const PackedExperts& w = *p.w;
+  const int64_t K = w.k, N = w.n, n_out = w.n_out();
+  std::vector<float> arow(K), acc(N);
+  for (int64_t e = 0; e < w.n_experts; ++e) {
+    const int64_t r0 = p.offsets[e], r1 = p.offsets[e + 1];
+    if (r0 == r1) continue;
+    const Tensor we = unpack_expert(w, e);
+    const float* W = we.data<float>();
+    for (int64_t r = r0; r < r1; ++r) {
+      const char* a = static_cast<const char*>(p.a) + r * p.lda * dtype_size(w.dtype);
+      convert_to_f32(a, w.dtype, arow.data(), K);
+      for (int64_t n = 0; n < N; ++n) {
+        float s = 0.0f;
+        for (int64_t k = 0; k < K; ++k) s += arow[k] * W[n * K + k];
+        acc[n] = s;
+      }
+      float* out = acc.data();
+      if (w.gated)
+        for (int64_t c = 0; c < n_out; ++c) out[c] = act_gate(p.act, acc[c]) * acc[n_out + c];
+      char* crow = static_cast<char*>(p.c) + r * p.ldc * dtype_size(p.c_dtype);
+      convert_from_f32(out, crow, p.c_dtype, n_out);
+    }
+  }
+}
+
+namespace gg {
+void run_task_portable_f32(const Job& j, const Task& t) { generic_run_task<float>(j, t); }
+void run_task_portable_bf16(const Job& j, const Task& t) { generic_run_task<uint16_t>(j, t); }
+}  // namespace gg
+
+}  // namespace moe

@@ -1,0 +1,141 @@
+// Private to grouped_gemm*.cpp: the packed weight layout and the per-ISA task runners.
+//
+// Packed layout (the same for every ISA, so the ISA cap may change after packing):
+//   expert e   -> n_panels panels, each kPanel = 64 output columns wide, zero padded.
+//   gated (W13): panel P holds gate columns [32P, 32P+32) in columns 0..31 and the
+//                matching up columns in 32..63, so one panel yields 32 finished outputs
+//                act(gate) * up and the activation fuses into the epilogue.
+//   plain (W2):  panel P holds output columns [64P, 64P+64).
+//   f32:  panel = [K][64] floats: one k step = 256 contiguous bytes = 4 zmm.
+//   bf16: panel = [ceil(K/2)][64][2] (VNNI pairs): one zmm = 16 columns x 2 k, the
+//         operand layout of vdpbf16ps; an odd K is padded with a zero k.
+// Every panel starts on a 256-byte boundary (K*256 or ceil(K/2)*256 bytes per panel),
+// so given the 128-byte aligned Tensor storage all B loads are aligned.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/grouped_gemm.h"
+
+namespace moe::gg {
+
+inline constexpr int kPanel = 64;      // columns per panel: 4 zmm of f32 accumulators per row
+inline constexpr int kGateCols = 32;   // gated: gate (and up) columns per panel
+
+// The helpers below are also used by the *_avx2/*_avx512 files, which are compiled with
+// wider ISA flags: internal linkage keeps the linker from merging an AVX-512 copy of an
+// inline function into baseline code (an ODR hazard of per-file ISA flags).
+namespace {
+
+inline int64_t n_panels(int64_t n, bool gated) {
+  return gated ? (n / 2 + kGateCols - 1) / kGateCols : (n + kPanel - 1) / kPanel;
+}
+inline int64_t k_steps(int64_t k, DType dt) { return dt == DType::BF16 ? (k + 1) / 2 : k; }
+// Elements of the packed dtype per panel.
+inline int64_t panel_elems(int64_t k, DType dt) {
+  return dt == DType::BF16 ? k_steps(k, dt) * kPanel * 2 : k * kPanel;
+}
+
+}  // namespace
+
+// Everything a task runner needs, resolved once per grouped_gemm call.
+struct Job {
+  const char* w = nullptr;   // packed data base
+  int64_t expert_stride = 0;  // bytes
+  int64_t panel_stride = 0;   // bytes
+  int64_t k = 0;
+  int64_t n_out = 0;  // output columns (n/2 when gated)
+  bool gated = false;
+  Activation act = Activation::None;
+  const char* a = nullptr;
+  int64_t lda_bytes = 0;
+  const int64_t* offsets = nullptr;
+  char* c = nullptr;
+  int64_t ldc_bytes = 0;
+  DType c_dtype = DType::F32;
+};
+
+// One task: rows of `expert` x panels [p0, p1).
+struct Task {
+  int32_t expert;
+  int32_t p0, p1;
+};
+
+namespace {
+// Columns of output produced by panel P (the epilogue stores only these).
+inline int valid_cols(const Job& j, int64_t P) {
+  const int64_t per = j.gated ? kGateCols : kPanel;
+  const int64_t rem = j.n_out - P * per;
+  return static_cast<int>(rem < per ? rem : per);
+}
+
+}  // namespace
+
+// The gated activations, written once over an operations type O (scalar float or a SIMD
+// vector) so the scalar act_gate() and every vector epilogue execute the same sequence of
+// IEEE operations (explicit fma, no contraction) and agree bit for bit.
+//   silu(g)      = g / (1 + exp(-g))
+//   gelu_tanh(g) = g * (1 + tanh(y)) / 2 = g / (1 + exp(-2y)),  y = sqrt(2/pi) (g + 0.044715 g^3)
+//   gelu_erf(g)  = g * Phi(g),  Phi from erfc (Numerical Recipes' Chebyshev fit, rel. err < 1.2e-7)
+// exp: Cody-Waite reduction by ln2 and a degree-6 polynomial (about 1 ulp on the clamped range).
+template <class O>
+struct ActMath {
+  using V = typename O::V;
+  static V exp(V x) {
+    x = O::min(O::max(x, O::c(-87.0f)), O::c(88.0f));  // keeps 2^n a normal float
+    const V n = O::rint(O::mul(x, O::c(1.44269504088896341f)));
+    V r = O::fma(n, O::c(-0.693359375f), x);
+    r = O::fma(n, O::c(2.12194440e-4f), r);
+    V p = O::c(1.9875691500e-4f);
+    p = O::fma(p, r, O::c(1.3981999507e-3f));
+    p = O::fma(p, r, O::c(8.3334519073e-3f));
+    p = O::fma(p, r, O::c(4.1665795894e-2f));
+    p = O::fma(p, r, O::c(1.6666665459e-1f));
+    p = O::fma(p, r, O::c(5.0000001201e-1f));
+    V y = O::fma(p, O::mul(r, r), r);
+    y = O::add(y, O::c(1.0f));
+    return O::mul(y, O::pow2n(n));
+  }
+  static V silu(V g) { return O::div(g, O::add(O::c(1.0f), exp(O::sub(O::c(0.0f), g)))); }
+  static V gelu_tanh(V g) {
+    const V s = O::fma(O::c(0.044715f), O::mul(g, g), O::c(1.0f));
+    const V z = O::mul(O::mul(O::c(-1.5957691216057308f), g), s);  // -2 sqrt(2/pi) g (1 + 0.044715 g^2)
+    return O::div(g, O::add(O::c(1.0f), exp(z)));
+  }
+  static V gelu_erf(V g) {
+    const V z = O::mul(O::abs(g), O::c(0.70710678118654752f));
+    const V t = O::div(O::c(1.0f), O::fma(O::c(0.5f), z, O::c(1.0f)));
+    V p = O::c(0.17087277f);
+    p = O::fma(p, t, O::c(-0.82215223f));
+    p = O::fma(p, t, O::c(1.48851587f));
+    p = O::fma(p, t, O::c(-1.13520398f));
+    p = O::fma(p, t, O::c(0.27886807f));
+    p = O::fma(p, t, O::c(-0.18628806f));
+    p = O::fma(p, t, O::c(0.09678418f));
+    p = O::fma(p, t, O::c(0.37409196f));
+    p = O::fma(p, t, O::c(1.00002368f));
+    const V arg = O::fma(O::sub(O::c(0.0f), z), z, O::fma(t, p, O::c(-1.26551223f)));
+    const V h = O::mul(O::c(0.5f), O::mul(t, exp(arg)));  // erfc(z) / 2 = Phi(-|g|)
+    return O::mul(g, O::select_nonneg(g, O::sub(O::c(1.0f), h), h));
+  }
+  static V gate(Activation act, V g) {
+    switch (act) {
+      case Activation::SiluMul: return silu(g);
+      case Activation::GeluTanhMul: return gelu_tanh(g);
+      case Activation::GeluErfMul: return gelu_erf(g);
+      case Activation::None: break;
+    }
+    return g;
+  }
+};
+
+// Task runners; all compute exactly the contract of grouped_gemm for one task.
+void run_task_portable_f32(const Job& j, const Task& t);
+void run_task_portable_bf16(const Job& j, const Task& t);
+void run_task_avx2_f32(const Job& j, const Task& t);
+void run_task_avx2_bf16(const Job& j, const Task& t);
+void run_task_avx512_f32(const Job& j, const Task& t);
+void run_task_avx512_bf16emu(const Job& j, const Task& t);  // bf16 weights, no AVX512_BF16
+void run_task_avx512bf16(const Job& j, const Task& t);     // vdpbf16ps
+
+}  // namespace moe::gg

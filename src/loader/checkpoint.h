@@ -1,0 +1,57 @@
+// A Hugging Face model directory: config.json plus safetensors weights.
+//
+// Weights are found, in order of preference, through
+//   1. model.safetensors.index.json ("weight_map": key -> shard file in the directory),
+//   2. model.safetensors,
+//   3. every *.safetensors file in the directory (sorted by name).
+// With an index, shards are opened (mmapped, header validated) lazily on the first
+// access to one of their keys; an index-listed key missing from its shard is an error
+// naming both when accessed. Without one, every file is opened at open() to learn its
+// keys (only headers are read), and a key present in two files is an error naming both.
+//
+// Shard file names from the index must be plain names in the directory: no path
+// separators, no "." or "..". (Symlinks, as the Hugging Face cache uses, are followed.)
+//
+// A Checkpoint is a cheap handle: copies share the opened shards. All methods are
+// thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/tensor.h"
+#include "loader/safetensors.h"
+
+namespace moe {
+
+class Checkpoint {
+ public:
+  static Checkpoint open(const std::string& dir);
+
+  const nlohmann::json& config() const;
+  const std::string& dir() const;
+
+  bool has(const std::string& key) const;
+  // Opens the key's shard if needed. Throws "tensor 'X' not found in checkpoint DIR".
+  const TensorInfo& info(const std::string& key) const;
+  // Zero-copy, read-only view over the shard's mapping (counted in bytes_touched()).
+  Tensor view(const std::string& key) const;
+  std::vector<std::string> keys() const;  // sorted
+  // Full path of the file holding `key` (dir/shard); throws like info() if unknown.
+  std::string file_of(const std::string& key) const;
+  // Sum of bytes_touched() over the shards opened so far.
+  uint64_t bytes_touched() const;
+  // Number of shard files opened (mmapped) so far; with an index, a lazily growing count.
+  size_t shards_opened() const;
+
+ private:
+  struct State;
+  explicit Checkpoint(std::shared_ptr<State> s) : s_(std::move(s)) {}
+  std::shared_ptr<State> s_;
+};
+
+}  // namespace moe

@@ -1,0 +1,361 @@
+#include "loader/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <set>
+
+namespace moe {
+
+namespace {
+
+struct DTypeName {
+  DType dtype;
+  const char* name;
+};
+
+constexpr DTypeName kDTypeNames[] = {
+    {DType::F64, "F64"},      {DType::F32, "F32"},         {DType::F16, "F16"},
+    {DType::BF16, "BF16"},    {DType::I64, "I64"},         {DType::I32, "I32"},
+    {DType::I16, "I16"},      {DType::I8, "I8"},           {DType::U8, "U8"},
+    {DType::Bool, "BOOL"},    {DType::F8E4M3, "F8_E4M3"},  {DType::F8E5M2, "F8_E5M2"},
+};
+
+std::string known_dtypes() {
+  std::string s;
+  for (const auto& d : kDTypeNames) s += (s.empty() ? "" : ", ") + std::string(d.name);
+  return s;
+}
+
+// A JSON value as a non-negative integer; false for negatives, floats, non-numbers.
+bool json_u64(const nlohmann::json& j, uint64_t* out) {
+  if (j.is_number_unsigned()) {
+    *out = j.get<uint64_t>();
+    return true;
+  }
+  if (j.is_number_integer()) {
+    const int64_t v = j.get<int64_t>();
+    if (v < 0) return false;
+    *out = static_cast<uint64_t>(v);
+    return true;
+  }
+  return false;
+}
+
+// Short rendering of a (possibly hostile, possibly huge) JSON value for messages.
+std::string json_brief(const nlohmann::json& j) {
+  std::string s;
+  try {
+    s = j.dump();
+  } catch (const nlohmann::json::exception&) {
+    s = std::string("<") + j.type_name() + ">";
+  }
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+std::string errno_str() { return std::strerror(errno); }
+
+}  // namespace
+
+const char* safetensors_dtype_name(DType t) {
+  for (const auto& d : kDTypeNames)
+    if (d.dtype == t) return d.name;
+  MOE_FAIL("dtype {} has no safetensors name", dtype_name(t));
+}
+
+bool safetensors_dtype_from_name(const std::string& name, DType* out) {
+  for (const auto& d : kDTypeNames)
+    if (name == d.name) {
+      *out = d.dtype;
+      return true;
+    }
+  return false;
+}
+
+nlohmann::json parse_json_strict(const std::string& text, const std::string& what) {
+  // nlohmann keeps one value of a duplicated key without a word; track the keys of
+  // every open object ourselves and report the first repeat after the parse.
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  auto cb = [&](int /*depth*/, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) {
+      open_objects.emplace_back();
+    } else if (ev == E::object_end) {
+      if (!open_objects.empty()) open_objects.pop_back();
+    } else if (ev == E::key && !open_objects.empty() && parsed.is_string()) {
+      const auto& k = parsed.get_ref<const std::string&>();
+      if (!open_objects.back().insert(k).second && duplicate.empty()) duplicate = k;
+    }
+    return true;
+  };
+  // nlohmann stops at a NUL byte as if the input ended there; the reference parser
+  // does not, so neither do we (nothing after a NUL may hide in a header).
+  const size_t nul = text.find('\0');
+  MOE_CHECK(nul == std::string::npos, "{}: not valid JSON: NUL byte at offset {}", what, nul);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text, cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const nlohmann::json::exception& e) {
+    MOE_FAIL("{}: not valid JSON: {}", what, e.what());
+  }
+  MOE_CHECK(duplicate.empty(), "{}: key '{}' appears twice in one JSON object (expected unique keys)",
+            what, duplicate);
+  return j;
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading
+
+std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  const std::string where = fmt::format("safetensors file '{}'", path);
+
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MOE_CHECK(fd >= 0, "{}: cannot open: {}", where, errno_str());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string err = errno_str();
+    ::close(fd);
+    MOE_FAIL("{}: cannot stat: {}", where, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    MOE_FAIL("{}: expected a regular file", where);
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    MOE_FAIL("{}: file is {} bytes, expected at least 8 (the header length)", where, size);
+  }
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const std::string mmap_err = base == MAP_FAILED ? errno_str() : "";
+  ::close(fd);
+  MOE_CHECK(base != MAP_FAILED, "{}: mmap of {} bytes failed: {}", where, size, mmap_err);
+
+  std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = path;
+  f->file_size_ = size;
+  f->mapping_ = std::shared_ptr<void>(base, [size](void* p) { ::munmap(p, size); });
+  const auto* bytes = static_cast<const unsigned char*>(base);
+
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
+  MOE_CHECK(n <= kSafetensorsMaxHeader, "{}: header length {} exceeds the cap of {} bytes", where,
+            n, kSafetensorsMaxHeader);
+  MOE_CHECK(n <= size - 8,
+            "{}: header length {} runs past the end of the file (expected at most {} = file size "
+            "{} - 8)",
+            where, n, size - 8, size);
+  f->header_bytes_ = n;
+  const uint64_t data_start = 8 + n;
+  const uint64_t data_size = size - data_start;
+
+  const nlohmann::json header =
+      parse_json_strict(std::string(reinterpret_cast<const char*>(bytes + 8), n), where + " header");
+  MOE_CHECK(header.is_object(), "{}: header is a JSON {}, expected a JSON object", where,
+            header.type_name());
+
+  struct Range {
+    uint64_t begin, end;
+    size_t idx;
+  };
+  std::vector<Range> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      MOE_CHECK(entry.is_object(), "{}: __metadata__ is a JSON {}, expected an object of strings",
+                where, entry.type_name());
+      for (const auto& [k, v] : entry.items()) {
+        MOE_CHECK(v.is_string(), "{}: __metadata__ entry '{}' is a JSON {}, expected a string",
+                  where, k, v.type_name());
+        f->metadata_[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    const std::string tw = fmt::format("{}: tensor '{}'", where, name);
+    MOE_CHECK(entry.is_object(), "{}: entry is a JSON {}, expected an object", tw,
+              entry.type_name());
+
+    TensorInfo info;
+    info.name = name;
+
+    auto it = entry.find("dtype");
+    MOE_CHECK(it != entry.end(), "{}: missing field 'dtype'", tw);
+    MOE_CHECK(it->is_string(), "{}: dtype is {}, expected a string", tw, json_brief(*it));
+    const std::string& dt = it->get_ref<const std::string&>();
+    MOE_CHECK(safetensors_dtype_from_name(dt, &info.dtype),
+              "{}: unknown dtype '{}' (expected one of {})", tw, dt, known_dtypes());
+
+    it = entry.find("shape");
+    MOE_CHECK(it != entry.end(), "{}: missing field 'shape'", tw);
+    MOE_CHECK(it->is_array(), "{}: shape is {}, expected an array of non-negative integers", tw,
+              json_brief(*it));
+    // numel is computed left to right in int64 by Tensor; every prefix must fit.
+    int64_t numel = 1;
+    for (const auto& d : *it) {
+      uint64_t v = 0;
+      MOE_CHECK(json_u64(d, &v),
+                "{}: shape {} has element {}, expected non-negative integers", tw,
+                json_brief(*it), json_brief(d));
+      MOE_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                "{}: shape dimension {} overflows int64", tw, v);
+      info.shape.push_back(static_cast<int64_t>(v));
+      MOE_CHECK(!__builtin_mul_overflow(numel, static_cast<int64_t>(v), &numel),
+                "{}: shape {} overflows: the element count does not fit in 64 bits", tw,
+                json_brief(*it));
+    }
+    const uint64_t esize = dtype_size(info.dtype);
+    uint64_t nbytes = 0;
+    MOE_CHECK(!__builtin_mul_overflow(static_cast<uint64_t>(numel), esize, &nbytes),
+              "{}: shape {} of {} overflows: the byte count does not fit in 64 bits", tw,
+              shape_str(info.shape), dt);
+
+    it = entry.find("data_offsets");
+    MOE_CHECK(it != entry.end(), "{}: missing field 'data_offsets'", tw);
+    uint64_t begin = 0, end = 0;
+    MOE_CHECK(it->is_array() && it->size() == 2 && json_u64((*it)[0], &begin) &&
+                  json_u64((*it)[1], &end),
+              "{}: data_offsets is {}, expected an array of 2 non-negative integers", tw,
+              json_brief(*it));
+    MOE_CHECK(begin <= end, "{}: data_offsets [{}, {}] has begin > end", tw, begin, end);
+    MOE_CHECK(end - begin == nbytes,
+              "{}: shape {} of {} needs {} bytes but data_offsets [{}, {}] span {} bytes", tw,
+              shape_str(info.shape), dt, nbytes, begin, end, end - begin);
+    MOE_CHECK(end <= data_size,
+              "{}: data_offsets [{}, {}] run past the end of the data area ({} bytes; file is "
+              "{} bytes, data starts at {})",
+              tw, begin, end, data_size, size, data_start);
+    info.offset = data_start + begin;
+    info.nbytes = nbytes;
+    ranges.push_back({begin, end, f->tensors_.size()});
+    f->tensors_.push_back(std::move(info));
+  }
+
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    const Range& a = ranges[i - 1];
+    const Range& b = ranges[i];
+    MOE_CHECK(b.begin >= a.end,
+              "{}: tensors '{}' (data_offsets [{}, {}]) and '{}' (data_offsets [{}, {}]) overlap",
+              where, f->tensors_[a.idx].name, a.begin, a.end, f->tensors_[b.idx].name, b.begin,
+              b.end);
+  }
+  // Store in file order.
+  std::vector<TensorInfo> ordered;
+  ordered.reserve(ranges.size());
+  for (const Range& r : ranges) ordered.push_back(std::move(f->tensors_[r.idx]));
+  f->tensors_ = std::move(ordered);
+  for (size_t i = 0; i < f->tensors_.size(); ++i) f->index_.emplace(f->tensors_[i].name, i);
+  f->touched_.reset(new std::atomic<bool>[f->tensors_.size()]());
+  return f;
+}
+
+SafetensorsFile::~SafetensorsFile() = default;
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+Tensor SafetensorsFile::view(const std::string& name) {
+  auto it = index_.find(name);
+  MOE_CHECK(it != index_.end(), "tensor '{}' not found in safetensors file '{}'", name, path_);
+  const size_t i = it->second;
+  const TensorInfo& info = tensors_[i];
+  char* base = static_cast<char*>(mapping_.get());
+  if (!touched_[i].exchange(true, std::memory_order_relaxed)) {
+    bytes_touched_.fetch_add(info.nbytes, std::memory_order_relaxed);
+    // Ask for read-ahead of large tensors, on whole pages inside the tensor only, so
+    // no neighbouring tensor's pages are pulled in on its behalf.
+    constexpr uint64_t kAdviseMin = 4u << 20;
+    if (info.nbytes >= kAdviseMin) {
+      const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+      const uint64_t lo = (info.offset + page - 1) / page * page;
+      const uint64_t hi = (info.offset + info.nbytes) / page * page;
+      if (hi > lo) ::madvise(base + lo, hi - lo, MADV_WILLNEED);  // advisory; ignore errors
+    }
+  }
+  return Tensor::wrap(base + info.offset, info.shape, info.dtype, mapping_);
+}
+
+// ---------------------------------------------------------------------------------------
+// Writing
+
+namespace {
+
+struct TmpFile {
+  std::string path;
+  FILE* fp = nullptr;
+  bool done = false;
+  ~TmpFile() {
+    if (fp) std::fclose(fp);
+    if (!done) ::unlink(path.c_str());
+  }
+};
+
+}  // namespace
+
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header["__metadata__"] = std::move(m);
+  }
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    MOE_CHECK(name != "__metadata__", "writing '{}': '__metadata__' cannot be a tensor name", path);
+    MOE_CHECK(names.insert(name).second, "writing '{}': tensor '{}' given twice", path, name);
+    MOE_CHECK(t.defined(), "writing '{}': tensor '{}' is undefined", path, name);
+    MOE_CHECK(t.is_contiguous(), "writing '{}': tensor '{}' ({}) is not contiguous", path, name,
+              t.describe());
+    const uint64_t nb = t.nbytes();
+    header[name] = {{"dtype", safetensors_dtype_name(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + nb}}};
+    offset += nb;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    MOE_FAIL("writing '{}': cannot encode the header: {}", path, e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
+
+  TmpFile tmp;
+  tmp.path = path + ".tmp";
+  tmp.fp = std::fopen(tmp.path.c_str(), "wb");
+  MOE_CHECK(tmp.fp, "writing '{}': cannot create '{}': {}", path, tmp.path, errno_str());
+  auto put = [&](const void* p, size_t n) {
+    MOE_CHECK(n == 0 || std::fwrite(p, 1, n, tmp.fp) == n, "writing '{}': write failed: {}", path,
+              errno_str());
+  };
+  put(len, 8);
+  put(text.data(), text.size());
+  for (const auto& [name, t] : tensors) put(t.raw(), t.nbytes());
+  MOE_CHECK(std::fflush(tmp.fp) == 0, "writing '{}': flush failed: {}", path, errno_str());
+  MOE_CHECK(::fsync(::fileno(tmp.fp)) == 0, "writing '{}': fsync failed: {}", path, errno_str());
+  const int rc = std::fclose(tmp.fp);
+  tmp.fp = nullptr;
+  MOE_CHECK(rc == 0, "writing '{}': close failed: {}", path, errno_str());
+  MOE_CHECK(::rename(tmp.path.c_str(), path.c_str()) == 0, "writing '{}': rename from '{}' failed: {}",
+            path, tmp.path, errno_str());
+  tmp.done = true;
+}
+
+}  // namespace moe

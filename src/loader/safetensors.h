@@ -1,0 +1,97 @@
+// safetensors files: a validated, read-only, zero-copy view over an mmap, and a writer.
+//
+// Format: 8-byte little-endian header length N, N bytes of JSON header, then the data
+// area. The header maps tensor names to {dtype, shape, data_offsets: [begin, end)}
+// (offsets relative to the data area) plus an optional "__metadata__" string map.
+//
+// open() validates the whole header before anything is handed out: every problem a
+// file can have (truncation, bad JSON, unknown dtype, shape/byte-count mismatch,
+// ranges past the end or overlapping, overflowing shapes) is a moe::Error naming the
+// file, the tensor where one is involved, and what was expected versus found.
+//
+// view() returns a Tensor over the mapping (no copy; the Tensor keeps the mapping
+// alive). Pages of tensors nobody asked for are never touched, and bytes_touched()
+// counts the bytes handed out so callers can prove a rank reads only what it owns.
+// The mapping is PROT_READ: views are read-only; writing through one faults.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace moe {
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t offset = 0;  // absolute byte offset in the file
+  uint64_t nbytes = 0;
+};
+
+// The header-length cap of the reference implementation.
+inline constexpr uint64_t kSafetensorsMaxHeader = 100'000'000;
+
+// "F32", "BF16", "F8_E4M3", ... <-> DType. from_name returns false for an unknown name.
+const char* safetensors_dtype_name(DType t);
+bool safetensors_dtype_from_name(const std::string& name, DType* out);
+
+class SafetensorsFile {
+ public:
+  static std::shared_ptr<SafetensorsFile> open(const std::string& path);
+
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  ~SafetensorsFile();
+
+  // In data-offset order (the order the tensors lie in the file).
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find(const std::string& name) const;
+  // Zero-copy, read-only view; throws naming the key and the file if absent.
+  Tensor view(const std::string& name);
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  uint64_t file_size() const { return file_size_; }
+  uint64_t header_bytes() const { return header_bytes_; }  // N (the JSON part only)
+  uint64_t data_start() const { return 8 + header_bytes_; }
+  // Sum of nbytes of the distinct tensors handed out by view(). Thread-safe.
+  uint64_t bytes_touched() const { return bytes_touched_.load(std::memory_order_relaxed); }
+
+ private:
+  SafetensorsFile() = default;
+
+  std::string path_;
+  std::shared_ptr<void> mapping_;  // munmaps when the last view goes away
+  uint64_t file_size_ = 0;
+  uint64_t header_bytes_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::unordered_map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+  std::unique_ptr<std::atomic<bool>[]> touched_;
+  std::atomic<uint64_t> bytes_touched_{0};
+};
+
+// Writes the standard format: header padded with spaces to a multiple of 8, data in
+// the order given, packed. Writes path + ".tmp" and renames it over path, so a failure
+// never leaves a half-written file. Tensors must be contiguous and names unique.
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// Parses JSON text; any parse error, or an object holding the same key twice (which
+// nlohmann would silently collapse), is a moe::Error that starts with `what` (e.g. the
+// file name). Used for safetensors headers and model.safetensors.index.json.
+nlohmann::json parse_json_strict(const std::string& text, const std::string& what);
+
+}  // namespace moe

@@ -1,0 +1,200 @@
+#include "moe/fused_moe.h"
+
+#include <cmath>
+
+#include "core/check.h"
+
+namespace moe {
+
+Tensor& MoeScratch::ensure(Tensor& t, int64_t rows, int64_t cols, DType dtype) {
+  const int64_t need = std::max<int64_t>(rows * cols, 1);
+  if (!t.defined() || t.dtype() != dtype || t.numel() < need) t = Tensor::empty({need}, dtype);
+  t = t.reshape({t.numel()});  // keep the full capacity; callers index by pointer
+  return t;
+}
+
+void run_experts(const ExpertsParams& p, MoeScratch& s) {
+  const int64_t n_local = p.w13->n_experts;
+  const int64_t rows = p.offsets[n_local];
+  if (rows == 0) return;
+  const int64_t I = p.w13->n_out(), H = p.w2->n_out();
+  Tensor& inter = MoeScratch::ensure(s.inter, rows, I, p.w2->dtype);
+
+  GroupedGemmParams g1;
+  g1.w = p.w13;
+  g1.a = p.a;
+  g1.lda = p.w13->k;
+  g1.offsets = p.offsets;
+  g1.c = inter.raw();
+  g1.c_dtype = p.w2->dtype;
+  g1.ldc = I;
+  g1.act = p.act;
+  grouped_gemm(g1);
+
+  GroupedGemmParams g2;
+  g2.w = p.w2;
+  g2.a = inter.raw();
+  g2.lda = I;
+  g2.offsets = p.offsets;
+  g2.c = p.out;
+  g2.c_dtype = DType::F32;
+  g2.ldc = H;
+  grouped_gemm(g2);
+}
+
+void run_gated_mlp(const GatedMlpWeights& w, const Tensor& x, float* y, MoeScratch& s) {
+  const int64_t T = x.dim(0), H = x.dim(1);
+  MOE_CHECK(H == w.w13.k, "MLP input has hidden size {}, expected {}", H, w.w13.k);
+  if (T == 0) return;
+  const DType ct = w.w13.dtype;
+  const void* a = x.raw();
+  if (x.dtype() != ct) {
+    Tensor& buf = MoeScratch::ensure(s.a, T, H, ct);
+    if (x.dtype() == DType::F32) {
+      convert_from_f32(x.data<float>(), buf.raw(), ct, T * H);
+    } else {
+      MOE_CHECK(ct == DType::F32, "MLP input dtype {} with compute dtype {}", dtype_name(x.dtype()), dtype_name(ct));
+      convert_to_f32(x.raw(), x.dtype(), buf.data<float>(), T * H);
+    }
+    a = buf.raw();
+  }
+  const int64_t offsets[2] = {0, T};
+  ExpertsParams p;
+  p.w13 = &w.w13;
+  p.w2 = &w.w2;
+  p.act = w.act;
+  p.a = a;
+  p.offsets = offsets;
+  p.out = y;
+  run_experts(p, s);
+}
+
+MoeLayer::MoeLayer(const MoeConfig& cfg, MoeLayerWeights weights) : cfg_(cfg), w_(std::move(weights)) {
+  const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size, E = cfg_.n_experts;
+  MOE_CHECK(w_.gate.n_experts == 1 && w_.gate.n == E && w_.gate.k == H && w_.gate.dtype == DType::F32,
+            "router gate must be f32 [{}, {}]", E, H);
+  MOE_CHECK(0 <= w_.expert_begin && w_.expert_begin <= w_.expert_end && w_.expert_end <= E,
+            "expert range [{}, {}) outside [0, {})", w_.expert_begin, w_.expert_end, E);
+  MOE_CHECK(w_.w13.n_experts == w_.n_local() && w_.w13.n == 2 * I && w_.w13.k == H && w_.w13.gated,
+            "W13 must hold {} experts of [{}, {}]", w_.n_local(), 2 * I, H);
+  MOE_CHECK(w_.w2.n_experts == w_.n_local() && w_.w2.n == H && w_.w2.k == I && w_.w2.dtype == w_.w13.dtype,
+            "W2 must hold {} experts of [{}, {}]", w_.n_local(), H, I);
+  MOE_CHECK(!cfg_.routing.use_correction_bias || w_.correction_bias.numel() == E,
+            "e_score_correction_bias must hold {} values", E);
+  MOE_CHECK(!cfg_.shared_expert_gate || w_.shared_gate.numel() == H, "shared_expert_gate must hold {} values", H);
+}
+
+const float* MoeLayer::x_as_f32(const Tensor& x) {
+  if (x.dtype() == DType::F32) return x.data<float>();
+  Tensor& buf = MoeScratch::ensure(scratch_.x_f32, x.dim(0), x.dim(1), DType::F32);
+  convert_to_f32(x.raw(), x.dtype(), buf.data<float>(), x.numel());
+  return buf.data<float>();
+}
+
+void MoeLayer::route(const Tensor& x, Routing& r) {
+  const int64_t T = x.dim(0), E = cfg_.n_experts, k = cfg_.top_k;
+  r.weights.resize(T * k);
+  r.ids.resize(T * k);
+  if (T > 0) {
+    Tensor& logits = MoeScratch::ensure(scratch_.logits, T, E, DType::F32);
+    GroupedGemmParams g;
+    g.w = &w_.gate;
+    g.a = x_as_f32(x);
+    g.lda = cfg_.hidden_size;
+    const int64_t offsets[2] = {0, T};
+    g.offsets = offsets;
+    g.c = logits.raw();
+    g.c_dtype = DType::F32;
+    g.ldc = E;
+    grouped_gemm(g);
+
+    RoutingParams rp;
+    rp.cfg = cfg_.routing;
+    rp.n_tokens = T;
+    rp.n_experts = E;
+    rp.top_k = k;
+    rp.logits = logits.data<float>();
+    rp.correction_bias = w_.correction_bias.defined() ? w_.correction_bias.data<float>() : nullptr;
+    rp.weights = r.weights.data();
+    rp.ids = r.ids.data();
+    moe::route(rp);
+  }
+  gen_idx(r.ids.data(), T, k, E, r.index);
+}
+
+void MoeLayer::shared_experts(const Tensor& x, float* y, bool accumulate) {
+  if (!w_.shared) return;
+  const int64_t T = x.dim(0), H = cfg_.hidden_size;
+  if (T == 0) return;
+  float* dst = y;
+  if (accumulate) {
+    shared_tmp_ = MoeScratch::ensure(shared_tmp_, T, H, DType::F32);
+    dst = shared_tmp_.data<float>();
+  }
+  run_gated_mlp(*w_.shared, x, dst, scratch_);
+  if (cfg_.shared_expert_gate) {
+    // Qwen2-MoE: shared output scaled per token by sigmoid(x . w_gate).
+    const float* xf = x_as_f32(x);
+    const float* g = w_.shared_gate.data<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      float dot = 0.f;
+      for (int64_t h = 0; h < H; ++h) dot += xf[t * H + h] * g[h];
+      const float s = 1.f / (1.f + std::exp(-dot));
+      for (int64_t h = 0; h < H; ++h) dst[t * H + h] *= s;
+    }
+  }
+  if (accumulate)
+    for (int64_t i = 0; i < T * H; ++i) y[i] += dst[i];
+}
+
+Tensor MoeLayer::forward(const Tensor& x) {
+  MOE_CHECK(x.ndim() == 2 && x.dim(1) == cfg_.hidden_size && x.is_contiguous(),
+            "MoE input 'hidden_states' has shape {}, expected [T, {}]", shape_str(x.shape()), cfg_.hidden_size);
+  MOE_CHECK(w_.expert_begin == 0 && w_.expert_end == cfg_.n_experts,
+            "single-rank forward needs all {} experts, this layer holds [{}, {})", cfg_.n_experts, w_.expert_begin,
+            w_.expert_end);
+  const int64_t T = x.dim(0), H = cfg_.hidden_size;
+  Tensor y = Tensor::zeros({T, H}, DType::F32);
+  if (T == 0) return y;
+  Routing r;
+  route(x, r);
+  const int64_t rows = T * cfg_.top_k;
+  const DType ct = compute_dtype();
+  Tensor& a = MoeScratch::ensure(scratch_.a, rows, H, ct);
+  ExpandParams ep;
+  ep.x = x.raw();
+  ep.x_dtype = x.dtype();
+  ep.hidden = H;
+  ep.ldx = H;
+  ep.index = &r.index;
+  ep.expert_begin = 0;
+  ep.expert_end = cfg_.n_experts;
+  ep.out = a.raw();
+  ep.out_dtype = ct;
+  expand(ep);
+
+  Tensor& out = MoeScratch::ensure(scratch_.out, rows, H, DType::F32);
+  ExpertsParams xp;
+  xp.w13 = &w_.w13;
+  xp.w2 = &w_.w2;
+  xp.act = cfg_.act;
+  xp.a = a.raw();
+  xp.offsets = r.index.offsets.data();
+  xp.out = out.data<float>();
+  run_experts(xp, scratch_);
+
+  CombineParams cp;
+  cp.expert_out = out.data<float>();
+  cp.expert_begin = 0;
+  cp.expert_end = cfg_.n_experts;
+  cp.ids = r.ids.data();
+  cp.weights = r.weights.data();
+  cp.index = &r.index;
+  cp.hidden = H;
+  cp.y = y.data<float>();
+  combine(cp);
+  shared_experts(x, y.data<float>(), /*accumulate=*/true);
+  return y;
+}
+
+}  // namespace moe

@@ -1,0 +1,104 @@
+// The MoE block of one decoder layer on one rank: gate -> route -> index ->
+// expand -> GEMM1 + act -> GEMM2 -> combine, plus shared experts.
+//
+// Split as vLLM splits its fused MoE: MoeLayer::route (replicated gate and
+// routing), ExpertsKernel::compute (the "experts" side: rows grouped by local
+// expert in, per-row outputs out), and combine (weighted sum in slot order).
+// The communication strategies of expert parallelism go between these pieces;
+// forward() is the single-rank composition of them.
+//
+// Not thread-safe: a layer owns scratch buffers reused across calls.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/permute.h"
+#include "moe/config.h"
+
+namespace moe {
+
+// A dense gated MLP: down(act(gate(x)) * up(x)). Shared experts and the MLP of
+// dense layers. Runs on the grouped GEMM as one expert holding every row.
+struct GatedMlpWeights {
+  PackedExperts w13;  // 1 x [2I, H] (gate rows, then up rows)
+  PackedExperts w2;   // 1 x [H, I]
+  Activation act = Activation::SiluMul;
+};
+
+struct MoeLayerWeights {
+  PackedExperts gate;     // f32, 1 x [E, H]: router logits = x . gate^T
+  Tensor correction_bias;  // f32 [E] (noaux_tc, ERNIE moe_statics) or undefined
+  int64_t expert_begin = 0;  // this rank holds routed experts [begin, end)
+  int64_t expert_end = 0;
+  PackedExperts w13;  // E_l x [2I, H]
+  PackedExperts w2;   // E_l x [H, I]
+  std::optional<GatedMlpWeights> shared;
+  Tensor shared_gate;  // f32 [H] (Qwen2-MoE shared_expert_gate) or undefined
+
+  int64_t n_local() const { return expert_end - expert_begin; }
+};
+
+// Scratch buffers that grow to the largest call seen. Not thread-safe.
+struct MoeScratch {
+  Tensor a;       // [rows, H] compute dtype: expanded rows / converted input
+  Tensor inter;   // [rows, I] compute dtype: GEMM1 output
+  Tensor out;     // [rows, H] f32: GEMM2 output
+  Tensor x_f32;   // [T, H] f32 copy of a bf16 input (gate, shared gate)
+  Tensor logits;  // [T, E] f32
+  // Returns t reshaped to [rows, cols] of dtype, reallocating only when too small.
+  static Tensor& ensure(Tensor& t, int64_t rows, int64_t cols, DType dtype);
+};
+
+// out[rows, H] f32 = W2 . act(W13 . a) for rows grouped by local expert.
+struct ExpertsParams {
+  const PackedExperts* w13 = nullptr;
+  const PackedExperts* w2 = nullptr;
+  Activation act = Activation::SiluMul;
+  const void* a = nullptr;            // [rows, H] in w13->dtype
+  const int64_t* offsets = nullptr;   // [n_local + 1], offsets[0] == 0
+  float* out = nullptr;               // [rows, H] f32
+};
+void run_experts(const ExpertsParams& p, MoeScratch& scratch);
+
+// y[T, H] f32 = mlp(x); x is [T, H] f32 or bf16.
+void run_gated_mlp(const GatedMlpWeights& w, const Tensor& x, float* y, MoeScratch& scratch);
+
+// Routing result of T tokens.
+struct Routing {
+  std::vector<float> weights;  // [T, k]
+  std::vector<int32_t> ids;    // [T, k] global expert ids
+  RouteIndex index;            // slots sorted by expert
+};
+
+class MoeLayer {
+ public:
+  MoeLayer(const MoeConfig& cfg, MoeLayerWeights weights);
+
+  const MoeConfig& config() const { return cfg_; }
+  const MoeLayerWeights& weights() const { return w_; }
+  DType compute_dtype() const { return w_.w13.dtype; }
+
+  // Gate + routing + gen_idx for x [T, H] (f32 or bf16).
+  void route(const Tensor& x, Routing& r);
+  // Shared experts (with Qwen2's sigmoid gate) of x, written to y [T, H] f32
+  // (y = shared(x) if !accumulate, else y += shared(x)). No-op without shared experts.
+  void shared_experts(const Tensor& x, float* y, bool accumulate);
+  // The whole block on one rank holding all experts: returns y [T, H] f32.
+  Tensor forward(const Tensor& x);
+
+  MoeScratch& scratch() { return scratch_; }
+
+ private:
+  const float* x_as_f32(const Tensor& x);
+
+  MoeConfig cfg_;
+  MoeLayerWeights w_;
+  MoeScratch scratch_;
+  Tensor shared_tmp_;  // [T, H] f32
+};
+
+}  // namespace moe
