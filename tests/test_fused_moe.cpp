@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cpu.h"
+#include <cstring>
 #include "moe/fused_moe.h"
 #include "moe/reference.h"
 #include "test_util.h"
@@ -128,6 +129,51 @@ TEST(FusedMoe, RejectsWrongInputShape) {
     EXPECT_NE(std::string(e.what()).find("hidden_states"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("32"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace moe
+
+namespace moe {
+namespace {
+
+// EP invariance rests on this: a row's GEMM result must not depend on which other
+// rows share its expert in the call (the decode kernel for <= 4 rows and the
+// register-blocked prefill kernel must accumulate in the same order).
+TEST(GroupedGemmBatchInvariance, RowResultIndependentOfBatch) {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
+      set_isa_cap(isa);
+      const int64_t K = 301, N = 2 * 40, rows = 70;
+      PackedExperts w = make_packed_experts(1, N, K, dt, true);
+      pack_expert(w, 0, test::random_f32({N, K}, 0.1f, 3));
+      const Tensor a = test::random_f32({rows, K}, 1.f, 4).to(dt);
+      Tensor full = Tensor::zeros({rows, N / 2}, DType::F32);
+      GroupedGemmParams p;
+      p.w = &w;
+      p.a = a.raw();
+      p.lda = K;
+      p.c_dtype = DType::F32;
+      p.ldc = N / 2;
+      p.act = Activation::SiluMul;
+      const int64_t all[2] = {0, rows};
+      p.offsets = all;
+      p.c = full.raw();
+      grouped_gemm(p);
+      for (int64_t batch : {1, 2, 3, 5, 7, 13}) {
+        for (int64_t r0 = 0; r0 + batch <= rows; r0 += 11) {
+          Tensor part = Tensor::zeros({rows, N / 2}, DType::F32);
+          const int64_t some[2] = {r0, r0 + batch};
+          p.offsets = some;
+          p.c = part.raw();
+          grouped_gemm(p);
+          ASSERT_EQ(0, std::memcmp(static_cast<const float*>(part.raw()) + r0 * (N / 2),
+                                   static_cast<const float*>(full.raw()) + r0 * (N / 2), batch * (N / 2) * 4))
+              << dtype_name(dt) << " " << isa_name(isa) << " rows [" << r0 << ", " << r0 + batch << ")";
+        }
+      }
+    }
+  set_isa_cap(Isa::Avx512Bf16);
 }
 
 }  // namespace

@@ -266,6 +266,7 @@ std::vector<Case> cases() {
       {1536, 2048, true, {1, 0, 2, 7}},           // Qwen3-30B-A3B W13
       {2048, 768, false, {3, 8, 0}},              // Qwen3-30B-A3B W2
       {96, 2048, true, {4, 1, 6}},                // I=48: half-panel tail on a long K
+      {70, 301, false, {13, 50}},                 // odd K over several K chunks, row groups
   };
 }
 

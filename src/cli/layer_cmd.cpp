@@ -3,7 +3,9 @@
 #include <fmt/core.h>
 
 #include <chrono>
+#include <optional>
 
+#include "comm/consistency.h"
 #include "core/check.h"
 #include "core/cpu.h"
 #include "core/threads.h"
@@ -11,6 +13,7 @@
 #include "loader/moe_weights.h"
 #include "loader/safetensors.h"
 #include "moe/config.h"
+#include "moe/ep_layer.h"
 #include "moe/fused_moe.h"
 
 namespace moe {
@@ -35,10 +38,26 @@ Tensor read_hidden_states(const std::string& path, int64_t hidden) {
   return x.dtype() == DType::F16 ? x.to(DType::F32) : x.clone();
 }
 
+// Rank 0 receives every rank's rows of y, in rank order (shares are contiguous and ordered).
+Tensor gather_rows(Communicator& comm, const Tensor& y_local, int64_t T, int64_t H) {
+  const int R = comm.size();
+  std::vector<size_t> bytes(R);
+  const size_t mine = y_local.nbytes();
+  std::vector<size_t> all(R);
+  comm.all_gather(&mine, sizeof mine, all.data());
+  Tensor y = Tensor::zeros({T, H}, DType::F32);
+  comm.all_gather_v(y_local.raw(), mine, y.raw(), all);
+  return y;
+}
+
 }  // namespace
 
 void run_layer_cmd(const LayerCmdOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
+  const ParallelOptions& po = opt.parallel;
+  Communicator& world = parallel_world(po);
+  const int R = world.size(), rank = world.rank();
+
   Checkpoint ck = Checkpoint::open(opt.model_dir);
   MoeConfig cfg;
   try {
@@ -52,34 +71,68 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
   const int64_t T = x.dim(0), H = cfg.hidden_size;
   const bool is_moe = cfg.is_moe_layer(opt.layer);
 
-  std::optional<MoeLayer> moe_layer;
-  std::optional<GatedMlpWeights> dense;
-  if (is_moe) {
+  Tensor y;
+  double load_s = 0, run_s = 0;
+  std::string how = "1 rank";
+  if (R == 1) {
+    std::optional<MoeLayer> moe_layer;
+    std::optional<GatedMlpWeights> dense;
+    if (is_moe) {
+      MlpLoadOptions lo;
+      lo.compute = opt.dtype;
+      moe_layer.emplace(cfg, load_moe_layer(ck, cfg, opt.layer, lo));
+    } else {
+      dense = load_dense_mlp(ck, cfg, opt.layer, opt.dtype);
+    }
+    load_s = seconds_since(t0);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (is_moe) {
+      y = moe_layer->forward(x);
+    } else {
+      y = Tensor::zeros({T, H}, DType::F32);
+      MoeScratch scratch;
+      run_gated_mlp(*dense, x, y.data<float>(), scratch);
+    }
+    run_s = seconds_since(t1);
+  } else {
+    MOE_CHECK(is_moe, "layer {} is a dense MLP: run it on one rank (expert parallelism applies to MoE layers)",
+              opt.layer);
+    const Placement placement = Placement::contiguous(cfg.n_experts, po.par.ep, po.par.tp);
+    check_same_on_all_ranks(world, {{"config.json", ck.config().dump()},
+                                    {"flags", fmt::format("--layer {} --dtype {} {}", opt.layer,
+                                                          dtype_name(opt.dtype), po.flags_string())},
+                                    {"placement", placement.describe()},
+                                    {"input", fmt::format("{} {}", opt.input, shape_str(x.shape()))}});
+    ParallelGroups groups(world, po.par);
     MlpLoadOptions lo;
     lo.compute = opt.dtype;
-    moe_layer.emplace(cfg, load_moe_layer(ck, cfg, opt.layer, lo));
-  } else {
-    dense = load_dense_mlp(ck, cfg, opt.layer, opt.dtype);
-  }
-  const double load_s = seconds_since(t0);
+    lo.expert_begin = placement.begin(groups.ep_rank());
+    lo.expert_end = placement.end(groups.ep_rank());
+    lo.tp_rank = groups.tp_rank();
+    lo.tp_size = po.par.tp;
+    EpOptions eo = po.ep_options();
+    EpMoeLayer ep(MoeLayer(cfg, load_moe_layer(ck, cfg, opt.layer, lo)), world, placement, eo);
+    load_s = seconds_since(t0);
 
-  const auto t1 = std::chrono::steady_clock::now();
-  Tensor y;
-  if (is_moe) {
-    y = moe_layer->forward(x);
-  } else {
-    y = Tensor::zeros({T, H}, DType::F32);
-    MoeScratch scratch;
-    run_gated_mlp(*dense, x, y.data<float>(), scratch);
+    const bool replicated = eo.comm == MoeComm::AllReduce;
+    const auto shares = token_shares(T, R, po.par.dp, replicated, opt.dp_tokens);
+    const Tensor x_local = x.slice_rows(shares[rank].first, shares[rank].first + shares[rank].second).clone();
+    world.barrier();
+    const auto t1 = std::chrono::steady_clock::now();
+    Tensor y_local = ep.forward(x_local);
+    run_s = seconds_since(t1);
+    y = replicated ? y_local : gather_rows(world, y_local, T, H);
+    how = fmt::format("{} ranks ({}, moe-comm {}, {} round{})", R, to_string(po.par), moe_comm_name(ep.stats().used),
+                      ep.stats().rounds, ep.stats().rounds == 1 ? "" : "s");
   }
-  const double run_s = seconds_since(t1);
-  write_safetensors(opt.output, {{"hidden_states", y}}, {{"producer", "moe-ep layer"}});
-  if (!opt.quiet) {
-    fmt::print(
-               "moe-ep layer: {} layer {} ({}), {} tokens, dtype {}: loaded in {:.3f} s, ran in {:.3f} ms; "
-               "wrote {} [{}, {}] f32\n  cpu: {}, threads: {}\n",
-               cfg.model_type, opt.layer, is_moe ? "MoE" : "dense MLP", T, dtype_name(opt.dtype), load_s,
-               run_s * 1e3, opt.output, T, H, cpu_summary(), num_threads());
+  if (rank == 0) {
+    write_safetensors(opt.output, {{"hidden_states", y}}, {{"producer", "moe-ep layer"}});
+    if (!opt.quiet)
+      fmt::print(
+          "moe-ep layer: {} layer {} ({}), {} tokens, dtype {}, {}: loaded in {:.3f} s, ran in {:.3f} ms; "
+          "wrote {} [{}, {}] f32\n  cpu: {}, threads: {}\n",
+          cfg.model_type, opt.layer, is_moe ? "MoE" : "dense MLP", T, dtype_name(opt.dtype), how, load_s,
+          run_s * 1e3, opt.output, T, H, cpu_summary(), num_threads());
   }
 }
 

@@ -2,11 +2,15 @@
 // Face model computes, on the tensor `hidden_states` [T, H] of an input
 // safetensors file, and writes `hidden_states` [T, H] f32 to the output file.
 // This contract is how anyone checks the layer against another implementation:
-// keep it stable.
+// keep it stable. Under mpirun with --ep/--tp/--dp the input rows are laid out
+// over the ranks as the strategy needs, and rank 0 gathers and writes the output,
+// so the contract is the same as on one rank.
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include "cli/parallel_opts.h"
 #include "core/dtype.h"
 
 namespace moe {
@@ -18,6 +22,8 @@ struct LayerCmdOptions {
   std::string output;
   DType dtype = DType::F32;  // compute dtype of the weights: f32 or bf16
   bool quiet = false;
+  ParallelOptions parallel;
+  std::vector<int64_t> dp_tokens;  // rows per DP replica (uneven, zeros allowed)
 };
 
 // Returns normally on success; throws moe::Error with a user-facing message.

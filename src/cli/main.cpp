@@ -7,6 +7,8 @@
 #include "cli/bench_cmd.h"
 #include "cli/compare_cmd.h"
 #include "cli/layer_cmd.h"
+#include "cli/parallel_opts.h"
+#include "comm/communicator.h"
 #include "core/check.h"
 #include "core/cpu.h"
 #include "core/threads.h"
@@ -29,8 +31,16 @@ void add_global(CLI::App* cmd, GlobalOptions& g) {
 }
 
 void apply_global(const GlobalOptions& g) {
-  moe::set_num_threads(g.threads);
+  moe::set_num_threads(g.threads);  // 0: the cores divided among the ranks on this host
   if (!g.isa.empty()) moe::set_isa_cap(moe::parse_isa(g.isa));
+}
+
+// Prints the error; with other ranks alive, stops them too (they would otherwise
+// wait in their next collective until the timeout).
+[[noreturn]] void fail(const std::string& what) {
+  if (moe::launched_by_mpi()) moe::world_comm().abort_all(std::string("error: ") + what);
+  fmt::print(stderr, "moe-ep: error: {}\n", what);
+  std::exit(1);
 }
 
 }  // namespace
@@ -60,6 +70,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   lc->add_flag("--quiet", layer.quiet, "Print nothing on success");
+  lc->add_option("--dp-tokens", layer.dp_tokens,
+                 "Rows of the input per DP replica, comma separated (uneven counts and zeros allowed; "
+                 "default: an even split)")
+      ->delimiter(',');
+  moe::add_parallel_options(lc, layer.parallel);
   add_global(lc, g);
 
   moe::BenchOptions bench;
@@ -95,12 +110,8 @@ int main(int argc, char** argv) {
     } else if (*cc) {
       return moe::run_compare_cmd(cmp);
     }
-  } catch (const moe::Error& e) {
-    fmt::print(stderr, "moe-ep: error: {}\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "moe-ep: error: {}\n", e.what());
-    return 1;
+    fail(e.what());
   }
   return 0;
 }

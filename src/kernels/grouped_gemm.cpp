@@ -4,8 +4,10 @@
 #include "kernels/grouped_gemm.h"
 
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/check.h"
@@ -17,6 +19,19 @@ namespace moe {
 
 using gg::kGateCols;
 using gg::kPanel;
+
+void advise_huge_pages(void* data, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  // Only whole 2 MiB pages inside the buffer; harmless where THP is off ("never").
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (e > b) (void)madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
 
 PackedExperts make_packed_experts(int64_t n_experts, int64_t n, int64_t k, DType dtype, bool gated) {
   MOE_CHECK(dtype == DType::F32 || dtype == DType::BF16, "packed experts: dtype must be f32 or bf16, got {}",
@@ -30,8 +45,11 @@ PackedExperts make_packed_experts(int64_t n_experts, int64_t n, int64_t k, DType
   p.k = k;
   p.gated = gated;
   p.expert_stride = gg::n_panels(n, gated) * gg::panel_elems(k, dtype);
-  // Zeroed so the padding columns / the padding k of an odd K read as 0.
-  p.data = Tensor::zeros({n_experts * p.expert_stride}, dtype);
+  p.data = Tensor::empty({n_experts * p.expert_stride}, dtype);
+  advise_huge_pages(p.data.raw(), p.data.nbytes());
+  // Zeroed (after the advice, so the first touch faults in huge pages) so the padding
+  // columns and the padding k of an odd K read as 0.
+  std::memset(p.data.raw(), 0, p.data.nbytes());
   return p;
 }
 

@@ -10,6 +10,7 @@
 #include "core/cpu.h"
 #include "core/tensor.h"
 #include "core/threads.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/probes_impl.h"
 
 namespace moe {
@@ -87,21 +88,17 @@ double peak_of(int nt, double ops_per_iter, F chain) {
 
 }  // namespace
 
-double measure_read_bandwidth_gbs(size_t bytes, int threads) {
+double measure_read_bandwidth_gbs_of(const void* data, size_t bytes, int threads) {
   const int nt = resolve_threads(threads);
-  const size_t chunk = (bytes / nt) / 4096 * 4096;
-  MOE_CHECK(chunk > 0, "measure_read_bandwidth_gbs: buffer of {} bytes too small for {} threads", bytes, nt);
-  Tensor buf = Tensor::empty({static_cast<int64_t>(chunk * nt)}, DType::U8);
-  char* base = static_cast<char*>(buf.raw());
+  // Whole 256-byte blocks from the first 256-byte boundary, split evenly over the threads.
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(data) + 255) & ~uintptr_t(255);
+  const size_t usable = bytes > b - reinterpret_cast<uintptr_t>(data) ? bytes - (b - reinterpret_cast<uintptr_t>(data)) : 0;
+  const size_t chunk = (usable / nt) / 256 * 256;
+  MOE_CHECK(chunk > 0, "measure_read_bandwidth: buffer of {} bytes too small for {} threads", bytes, nt);
+  const char* base = reinterpret_cast<const char*>(b);
   const bool avx512 = active_isa() >= Isa::Avx512;
   double best = 0;
   uint64_t sink = 0;
-#pragma omp parallel num_threads(nt) reduction(^ : sink)
-  {
-    // First touch by the thread that reads the slice (NUMA-local pages), non-zero data.
-    char* my = base + static_cast<size_t>(omp_get_thread_num()) * chunk;
-    std::memset(my, 0x5a, chunk);
-  }
   for (int rep = 0; rep < 5; ++rep) {
     double t_max = 0;
 #pragma omp parallel num_threads(nt) reduction(^ : sink)
@@ -119,6 +116,21 @@ double measure_read_bandwidth_gbs(size_t bytes, int threads) {
   volatile uint64_t keep = sink;
   (void)keep;
   return best;
+}
+
+double measure_read_bandwidth_gbs(size_t bytes, int threads) {
+  const int nt = resolve_threads(threads);
+  const size_t chunk = (bytes / nt) / 4096 * 4096;
+  MOE_CHECK(chunk > 0, "measure_read_bandwidth_gbs: buffer of {} bytes too small for {} threads", bytes, nt);
+  Tensor buf = Tensor::empty({static_cast<int64_t>(chunk * nt)}, DType::U8);
+  char* base = static_cast<char*>(buf.raw());
+  advise_huge_pages(base, chunk * nt);  // like the packed weights (make_packed_experts)
+#pragma omp parallel num_threads(nt)
+  {
+    // First touch by the thread that reads the slice (NUMA-local pages), non-zero data.
+    std::memset(base + static_cast<size_t>(omp_get_thread_num()) * chunk, 0x5a, chunk);
+  }
+  return measure_read_bandwidth_gbs_of(base, chunk * nt, nt);
 }
 
 double measure_bf16_peak_gflops(int threads) {

@@ -14,6 +14,11 @@ namespace moe {
 // widest vector loads the active ISA has -- the way a decode GEMV streams its weights.
 double measure_read_bandwidth_gbs(size_t bytes = size_t(1) << 30, int threads = 0);
 
+// The same streaming read over a caller's buffer (e.g. the packed expert weights, so the
+// floor uses the very pages the kernels read: on VMs the bandwidth can differ between
+// memory regions, e.g. with and without host huge pages). Read-only; any alignment.
+double measure_read_bandwidth_gbs_of(const void* data, size_t bytes, int threads = 0);
+
 // Peak of register-resident multiply-add chains, in GFLOP/s (1 multiply-add = 2 flops):
 // vdpbf16ps on zmm = 32 bf16 pairs = 64 flops. 0 if the CPU lacks AVX512_BF16.
 double measure_bf16_peak_gflops(int threads = 0);

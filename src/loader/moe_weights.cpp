@@ -32,6 +32,17 @@ Tensor get_f32(const Checkpoint& ck, const std::string& key, const Shape& expect
   return get(ck, key, expected, layer).to(DType::F32);
 }
 
+// Columns [c0, c1) of a 2-D tensor, as a contiguous copy.
+Tensor columns(const Tensor& t, int64_t c0, int64_t c1) {
+  if (c0 == 0 && c1 == t.dim(1)) return t;
+  const int64_t rows = t.dim(0), cols = t.dim(1), es = static_cast<int64_t>(dtype_size(t.dtype()));
+  Tensor out = Tensor::empty({rows, c1 - c0}, t.dtype());
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(out.raw()) + r * (c1 - c0) * es,
+                static_cast<const char*>(t.raw()) + (r * cols + c0) * es, (c1 - c0) * es);
+  return out;
+}
+
 // Rows [0, a) from `top` and [0, b) from `bottom`, stacked: the W13 of one expert.
 Tensor stack_rows(const Tensor& top, const Tensor& bottom) {
   MOE_CHECK(top.dtype() == bottom.dtype(), "gate and up projections have different dtypes ({} vs {})",
@@ -124,8 +135,13 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   }
 
   const int64_t n_local = w.n_local();
-  w.w13 = make_packed_experts(n_local, 2 * I, H, opt.compute, /*gated=*/true);
-  w.w2 = make_packed_experts(n_local, H, I, opt.compute, /*gated=*/false);
+  MOE_CHECK(opt.tp_size >= 1 && opt.tp_rank >= 0 && opt.tp_rank < opt.tp_size, "bad MoE-TP rank {} of {}",
+            opt.tp_rank, opt.tp_size);
+  MOE_CHECK(I % opt.tp_size == 0, "--tp {} does not divide the experts' moe_intermediate_size {} (layer {})",
+            opt.tp_size, I, layer);
+  const int64_t Il = I / opt.tp_size, i0 = opt.tp_rank * Il, i1 = i0 + Il;
+  w.w13 = make_packed_experts(n_local, 2 * Il, H, opt.compute, /*gated=*/true);
+  w.w2 = make_packed_experts(n_local, H, Il, opt.compute, /*gated=*/false);
   const bool fused = !ck.has(expert_key(keys.expert_gate, w.expert_begin)) && ck.has(keys.fused_gate_up);
   if (fused) {
     // Stacked layout: slice this rank's experts out of the [E, ...] tensors.
@@ -134,8 +150,10 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
 #pragma omp parallel for schedule(dynamic)
     for (int64_t e = 0; e < n_local; ++e) {
       const int64_t g = w.expert_begin + e;
-      pack_expert(w.w13, e, gu.slice_rows(g, g + 1).reshape({2 * I, H}));
-      pack_expert(w.w2, e, dn.slice_rows(g, g + 1).reshape({H, I}));
+      const Tensor gu_e = gu.slice_rows(g, g + 1).reshape({2 * I, H});
+      pack_expert(w.w13, e,
+                  opt.tp_size == 1 ? gu_e : stack_rows(gu_e.slice_rows(i0, i1), gu_e.slice_rows(I + i0, I + i1)));
+      pack_expert(w.w2, e, columns(dn.slice_rows(g, g + 1).reshape({H, I}), i0, i1));
     }
   } else {
     // Look every key up first so a missing expert is reported before any work.
@@ -148,8 +166,8 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
     }
 #pragma omp parallel for schedule(dynamic)
     for (int64_t e = 0; e < n_local; ++e) {
-      pack_expert(w.w13, e, stack_rows(gate[e], up[e]));
-      pack_expert(w.w2, e, down[e]);
+      pack_expert(w.w13, e, stack_rows(gate[e].slice_rows(i0, i1), up[e].slice_rows(i0, i1)));
+      pack_expert(w.w2, e, columns(down[e], i0, i1));
     }
   }
 

@@ -21,6 +21,10 @@ struct MlpLoadOptions {
   DType compute = DType::F32;  // packed weight dtype: F32 or BF16
   int64_t expert_begin = 0;    // routed experts to load: [begin, end)
   int64_t expert_end = -1;     // -1: all experts
+  // MoE-TP: this rank holds intermediate rows [tp_rank*I/tp, (tp_rank+1)*I/tp) of
+  // every routed expert (gate and up rows, down columns). I must divide by tp.
+  int tp_rank = 0;
+  int tp_size = 1;
 };
 
 // The checkpoint key names of one layer's MLP block.

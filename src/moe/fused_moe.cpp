@@ -75,10 +75,12 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, MoeLayerWeights weights) : cfg_(cfg), w
             "router gate must be f32 [{}, {}]", E, H);
   MOE_CHECK(0 <= w_.expert_begin && w_.expert_begin <= w_.expert_end && w_.expert_end <= E,
             "expert range [{}, {}) outside [0, {})", w_.expert_begin, w_.expert_end, E);
-  MOE_CHECK(w_.w13.n_experts == w_.n_local() && w_.w13.n == 2 * I && w_.w13.k == H && w_.w13.gated,
-            "W13 must hold {} experts of [{}, {}]", w_.n_local(), 2 * I, H);
-  MOE_CHECK(w_.w2.n_experts == w_.n_local() && w_.w2.n == H && w_.w2.k == I && w_.w2.dtype == w_.w13.dtype,
-            "W2 must hold {} experts of [{}, {}]", w_.n_local(), H, I);
+  // Under MoE-TP a rank holds I_l = I / tp intermediate rows of each expert.
+  const int64_t Il = w_.w13.n / 2;
+  MOE_CHECK(Il > 0 && I % Il == 0 && w_.w13.n_experts == w_.n_local() && w_.w13.k == H && w_.w13.gated,
+            "W13 must hold {} experts of [2 * I / tp, {}] with I = {}", w_.n_local(), H, I);
+  MOE_CHECK(w_.w2.n_experts == w_.n_local() && w_.w2.n == H && w_.w2.k == Il && w_.w2.dtype == w_.w13.dtype,
+            "W2 must hold {} experts of [{}, {}]", w_.n_local(), H, Il);
   MOE_CHECK(!cfg_.routing.use_correction_bias || w_.correction_bias.numel() == E,
             "e_score_correction_bias must hold {} values", E);
   MOE_CHECK(!cfg_.shared_expert_gate || w_.shared_gate.numel() == H, "shared_expert_gate must hold {} values", H);
@@ -147,6 +149,51 @@ void MoeLayer::shared_experts(const Tensor& x, float* y, bool accumulate) {
     for (int64_t i = 0; i < T * H; ++i) y[i] += dst[i];
 }
 
+void MoeLayer::routed_partial(const Tensor& x, const Routing& r, float* y) {
+  const int64_t T = x.dim(0), H = cfg_.hidden_size;
+  const int64_t b = w_.expert_begin, e = w_.expert_end;
+  const int64_t rows = r.index.rows_in(b, e);
+  const DType ct = compute_dtype();
+  Tensor& a = MoeScratch::ensure(scratch_.a, rows, H, ct);
+  ExpandParams ep;
+  ep.x = x.raw();
+  ep.x_dtype = x.dtype();
+  ep.hidden = H;
+  ep.ldx = H;
+  ep.index = &r.index;
+  ep.expert_begin = b;
+  ep.expert_end = e;
+  ep.out = a.raw();
+  ep.out_dtype = ct;
+  expand(ep);
+
+  // Expert offsets relative to this layer's first row.
+  std::vector<int64_t> offsets(w_.n_local() + 1);
+  for (int64_t i = 0; i <= w_.n_local(); ++i) offsets[i] = r.index.offsets[b + i] - r.index.offsets[b];
+  Tensor& out = MoeScratch::ensure(scratch_.out, rows, H, DType::F32);
+  ExpertsParams xp;
+  xp.w13 = &w_.w13;
+  xp.w2 = &w_.w2;
+  xp.act = cfg_.act;
+  xp.a = a.raw();
+  xp.offsets = offsets.data();
+  xp.out = out.data<float>();
+  run_experts(xp, scratch_);
+
+  CombineParams cp;
+  cp.expert_out = out.data<float>();
+  cp.pos_base = r.index.offsets[b];
+  cp.expert_begin = b;
+  cp.expert_end = e;
+  cp.ids = r.ids.data();
+  cp.weights = r.weights.data();
+  cp.index = &r.index;
+  cp.hidden = H;
+  cp.y = y;
+  MOE_DCHECK(r.index.n_tokens == T);
+  combine(cp);
+}
+
 Tensor MoeLayer::forward(const Tensor& x) {
   MOE_CHECK(x.ndim() == 2 && x.dim(1) == cfg_.hidden_size && x.is_contiguous(),
             "MoE input 'hidden_states' has shape {}, expected [T, {}]", shape_str(x.shape()), cfg_.hidden_size);
@@ -158,41 +205,7 @@ Tensor MoeLayer::forward(const Tensor& x) {
   if (T == 0) return y;
   Routing r;
   route(x, r);
-  const int64_t rows = T * cfg_.top_k;
-  const DType ct = compute_dtype();
-  Tensor& a = MoeScratch::ensure(scratch_.a, rows, H, ct);
-  ExpandParams ep;
-  ep.x = x.raw();
-  ep.x_dtype = x.dtype();
-  ep.hidden = H;
-  ep.ldx = H;
-  ep.index = &r.index;
-  ep.expert_begin = 0;
-  ep.expert_end = cfg_.n_experts;
-  ep.out = a.raw();
-  ep.out_dtype = ct;
-  expand(ep);
-
-  Tensor& out = MoeScratch::ensure(scratch_.out, rows, H, DType::F32);
-  ExpertsParams xp;
-  xp.w13 = &w_.w13;
-  xp.w2 = &w_.w2;
-  xp.act = cfg_.act;
-  xp.a = a.raw();
-  xp.offsets = r.index.offsets.data();
-  xp.out = out.data<float>();
-  run_experts(xp, scratch_);
-
-  CombineParams cp;
-  cp.expert_out = out.data<float>();
-  cp.expert_begin = 0;
-  cp.expert_end = cfg_.n_experts;
-  cp.ids = r.ids.data();
-  cp.weights = r.weights.data();
-  cp.index = &r.index;
-  cp.hidden = H;
-  cp.y = y.data<float>();
-  combine(cp);
+  routed_partial(x, r, y.data<float>());
   shared_experts(x, y.data<float>(), /*accumulate=*/true);
   return y;
 }

@@ -84,6 +84,10 @@ class MoeLayer {
 
   // Gate + routing + gen_idx for x [T, H] (f32 or bf16).
   void route(const Tensor& x, Routing& r);
+  // y[T, H] f32 = sum, in slot order, of weight * expert output over the slots of r
+  // whose expert this layer holds (a ragged gather: only those rows are computed).
+  // x [T, H] holds the tokens r was computed for (f32, bf16 or f16).
+  void routed_partial(const Tensor& x, const Routing& r, float* y);
   // Shared experts (with Qwen2's sigmoid gate) of x, written to y [T, H] f32
   // (y = shared(x) if !accumulate, else y += shared(x)). No-op without shared experts.
   void shared_experts(const Tensor& x, float* y, bool accumulate);

@@ -1,0 +1,107 @@
+#include "cli/parallel_opts.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "core/check.h"
+
+namespace moe {
+
+void add_parallel_options(CLI::App* cmd, ParallelOptions& o) {
+  cmd->add_option("--ep", o.par.ep, "Expert-parallel size: routed experts are split over this many EP ranks")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--tp", o.par.tp,
+                  "MoE tensor-parallel size: each expert's intermediate dimension is split over this many "
+                  "consecutive ranks (world = ep * tp)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--dp", o.par.dp,
+                  "Data-parallel attention replicas: each holds its own tokens (must divide the world size; "
+                  "not with --moe-comm allreduce)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--moe-comm", o.moe_comm,
+                  "How tokens reach their experts: allreduce (same tokens on every rank, partial outputs "
+                  "all-reduced), allgather (own tokens, all-gather + reduce-scatter), alltoall (own tokens, "
+                  "DeepEP-style dispatch/combine, EP-invariant output), alltoall-ll (fixed buffers for decode), "
+                  "auto (alltoall-ll when every rank's tokens per call fit --max-tokens-per-rank, else alltoall)")
+      ->check(CLI::IsMember({"allreduce", "allgather", "alltoall", "alltoall-ll", "auto"}))
+      ->capture_default_str();
+  cmd->add_option("--max-tokens-per-rank", o.max_tokens_per_rank,
+                  "alltoall-ll: tokens one rank may send per call (sizes its fixed buffers)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--moe-chunk-tokens", o.chunk_tokens,
+                  "Run MoE layers over chunks of at most this many tokens per rank (0: no chunking); bounds "
+                  "dispatch buffers on long prompts")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_flag("--no-overlap", o.no_overlap,
+                "Do not run the shared experts while the routed experts' communication is in flight");
+  cmd->add_option("--comm-timeout", o.comm_timeout,
+                  "Seconds any rank may wait in one collective before the job is aborted with an error")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+}
+
+EpOptions ParallelOptions::ep_options() const {
+  EpOptions e;
+  e.comm = parse_moe_comm(moe_comm);
+  e.max_tokens_per_rank = max_tokens_per_rank;
+  e.chunk_tokens = chunk_tokens;
+  e.overlap = !no_overlap;
+  return e;
+}
+
+std::string ParallelOptions::flags_string() const {
+  return fmt::format("{} --moe-comm {} --max-tokens-per-rank {} --moe-chunk-tokens {}{}", to_string(par), moe_comm,
+                     max_tokens_per_rank, chunk_tokens, no_overlap ? " --no-overlap" : "");
+}
+
+Communicator& parallel_world(const ParallelOptions& o) {
+  const bool want = o.par.ep * o.par.tp > 1 || o.par.dp > 1;
+  Communicator& world = world_comm(want);
+  world.set_timeout(o.comm_timeout);
+  validate_parallel_config(o.par, world.size());
+  MOE_CHECK(!(o.moe_comm == "allreduce" && o.par.dp > 1),
+            "--moe-comm allreduce needs every rank to hold the same tokens: use --dp 1, or allgather/alltoall with "
+            "--dp {}",
+            o.par.dp);
+  return world;
+}
+
+std::vector<std::pair<int64_t, int64_t>> token_shares(int64_t T, int R, int dp, bool replicated,
+                                                      const std::vector<int64_t>& dp_tokens) {
+  std::vector<std::pair<int64_t, int64_t>> out(R);
+  if (replicated) {
+    for (auto& s : out) s = {0, T};
+    return out;
+  }
+  MOE_CHECK(dp >= 1 && R % dp == 0, "--dp {} must divide the {} ranks", dp, R);
+  std::vector<int64_t> per(dp);
+  if (!dp_tokens.empty()) {
+    MOE_CHECK(static_cast<int>(dp_tokens.size()) == dp, "--dp-tokens lists {} counts, expected one per DP replica ({})",
+              dp_tokens.size(), dp);
+    for (int64_t c : dp_tokens) MOE_CHECK(c >= 0, "--dp-tokens counts must not be negative (got {})", c);
+    const int64_t sum = std::accumulate(dp_tokens.begin(), dp_tokens.end(), int64_t{0});
+    MOE_CHECK(sum == T, "--dp-tokens sums to {}, but the input has {} tokens", sum, T);
+    per = dp_tokens;
+  } else {
+    for (int g = 0; g < dp; ++g) per[g] = T * (g + 1) / dp - T * g / dp;
+  }
+  const int s = R / dp;
+  int64_t first = 0;
+  for (int g = 0; g < dp; ++g) {
+    for (int i = 0; i < s; ++i) {
+      const int64_t b = per[g] * i / s, e = per[g] * (i + 1) / s;
+      out[g * s + i] = {first + b, e - b};
+    }
+    first += per[g];
+  }
+  return out;
+}
+
+}  // namespace moe

@@ -1,0 +1,49 @@
+// Strategy `allreduce`: every rank holds the same tokens (TP attention). Each rank
+// routes them (the same way everywhere), gathers only the rows of its own experts
+// (a ragged gather: no masked zero-weight rows), computes them, combines its
+// partial output and sums the partials over all ranks in one all-reduce. The shared
+// experts run while the all-reduce is in flight.
+#include <cstring>
+
+#include "moe/dispatch/common.h"
+
+namespace moe {
+namespace {
+
+class AllReduce final : public MoeStrategy {
+ public:
+  explicit AllReduce(EpMoeLayer& ep) : ep_(ep) {}
+
+  void forward(const Tensor& x, float* y, EpStats& st) override {
+    using dispatch::ScopedTimer;
+    MoeLayer& layer = ep_.local();
+    const MoeLayerWeights& w = layer.weights();
+    const int64_t T = x.dim(0), H = layer.config().hidden_size;
+    {
+      ScopedTimer timer(st.compute_s);
+      layer.route(x, routing_);
+      layer.routed_partial(x, routing_, y);
+    }
+    std::unique_ptr<CommRequest> req;
+    if (T > 0) req = ep_.comm().iall_reduce_sum(y, static_cast<size_t>(T * H));
+    st.bytes_sent += static_cast<double>(T * H * sizeof(float)) * (ep_.comm().size() > 1);
+    shared_ = MoeScratch::ensure(shared_, T, H, DType::F32);
+    dispatch::shared_during(layer, x, shared_.data<float>(), req.get(), ep_.options().overlap, st);
+    if (w.shared) {
+      ScopedTimer timer(st.compute_s);
+      const float* s = shared_.data<float>();
+      for (int64_t i = 0; i < T * H; ++i) y[i] += s[i];
+    }
+  }
+
+ private:
+  EpMoeLayer& ep_;
+  Routing routing_;
+  Tensor shared_;
+};
+
+}  // namespace
+
+std::unique_ptr<MoeStrategy> make_allreduce(EpMoeLayer& ep) { return std::make_unique<AllReduce>(ep); }
+
+}  // namespace moe

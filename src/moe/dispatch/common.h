@@ -1,0 +1,58 @@
+// Pieces shared by the EP strategies (moe/dispatch/*.cpp). Internal header.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "moe/ep_layer.h"
+
+namespace moe::dispatch {
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Adds the time spent in its scope to `acc`.
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(double& acc) : acc_(acc), t0_(now_s()) {}
+  ~ScopedTimer() { acc_ += now_s() - t0_; }
+
+ private:
+  double& acc_;
+  double t0_;
+};
+
+// Converts rows of x [T, H] (f32/bf16/f16) to `dtype` into dst (T * H elements).
+void convert_rows(const Tensor& x, DType dtype, void* dst);
+
+// The receiving side of the all-to-all strategies: item i is one row of H values
+// in the layer's compute dtype at rows[i], for local expert local_expert[i]. Runs
+// the experts on all items (grouped by expert with a stable sort, so rows keep
+// their arrival order inside an expert) and writes item i's f32 output to
+// out + i * H.
+struct LocalItems {
+  std::vector<const void*> rows;
+  std::vector<int32_t> local_expert;
+  void clear() {
+    rows.clear();
+    local_expert.clear();
+  }
+};
+void run_local_items(MoeLayer& layer, const LocalItems& items, float* out);
+
+// The source side: y[t] = sum over j = 0..k-1 of w[t, j] * slot(t, j), where
+// slot(t, j) is the sum of the tp partial rows parts[(t*k + j)*tp + p], p in order
+// (null parts are skipped). With tp = 1 this is exactly moe::combine's arithmetic,
+// so results match the single-rank layer bit for bit.
+void combine_slots(const float* weights, int64_t n_tokens, int64_t k, int tp, const std::vector<const float*>& parts,
+                   int64_t hidden, float* y);
+
+// Starts the shared experts on x while a request is in flight, then waits for it;
+// adds their time and the remaining wait to stats. y_shared [T, H] gets shared(x)
+// (untouched when the layer has no shared experts).
+void shared_during(MoeLayer& layer, const Tensor& x, float* y_shared, CommRequest* req, bool overlap,
+                   EpStats& stats);
+
+}  // namespace moe::dispatch

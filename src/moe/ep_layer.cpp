@@ -1,0 +1,114 @@
+#include "moe/ep_layer.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "moe/dispatch/common.h"
+
+namespace moe {
+
+MoeComm parse_moe_comm(const std::string& s) {
+  if (s == "allreduce") return MoeComm::AllReduce;
+  if (s == "allgather") return MoeComm::AllGather;
+  if (s == "alltoall") return MoeComm::AllToAll;
+  if (s == "alltoall-ll") return MoeComm::AllToAllLL;
+  if (s == "auto") return MoeComm::Auto;
+  MOE_FAIL("unknown --moe-comm '{}': expected allreduce, allgather, alltoall, alltoall-ll or auto", s);
+}
+
+const char* moe_comm_name(MoeComm c) {
+  switch (c) {
+    case MoeComm::AllReduce: return "allreduce";
+    case MoeComm::AllGather: return "allgather";
+    case MoeComm::AllToAll: return "alltoall";
+    case MoeComm::AllToAllLL: return "alltoall-ll";
+    case MoeComm::Auto: return "auto";
+  }
+  return "?";
+}
+
+EpMoeLayer::EpMoeLayer(MoeLayer layer, Communicator& world, Placement placement, EpOptions opt)
+    : layer_(std::move(layer)), world_(world), placement_(std::move(placement)), opt_(opt) {
+  const int R = world_.size();
+  MOE_CHECK(placement_.ep() * placement_.tp() == R, "placement is for ep={} x tp={} = {} ranks, the job has {}",
+            placement_.ep(), placement_.tp(), placement_.ep() * placement_.tp(), R);
+  MOE_CHECK(placement_.n_experts() == layer_.config().n_experts, "placement covers {} experts, the layer has {}",
+            placement_.n_experts(), layer_.config().n_experts);
+  const int ep_rank = world_.rank() / placement_.tp();
+  MOE_CHECK(layer_.weights().expert_begin == placement_.begin(ep_rank) &&
+                layer_.weights().expert_end == placement_.end(ep_rank),
+            "rank {} holds experts [{}, {}) but the placement gives it [{}, {})", world_.rank(),
+            layer_.weights().expert_begin, layer_.weights().expert_end, placement_.begin(ep_rank),
+            placement_.end(ep_rank));
+  MOE_CHECK(opt_.max_tokens_per_rank >= 1, "--max-tokens-per-rank must be at least 1");
+  MOE_CHECK(opt_.chunk_tokens >= 0, "--moe-chunk-tokens must not be negative");
+}
+
+EpMoeLayer::~EpMoeLayer() = default;
+
+MoeComm EpMoeLayer::resolve(int64_t max_tokens) const {
+  if (opt_.comm != MoeComm::Auto) return opt_.comm;
+  // Decode-sized calls fit the fixed low-latency buffers and save the layout round;
+  // anything larger takes the normal all-to-all, whose buffers size to the call.
+  return max_tokens <= opt_.max_tokens_per_rank ? MoeComm::AllToAllLL : MoeComm::AllToAll;
+}
+
+MoeStrategy& EpMoeLayer::strategy(MoeComm c) {
+  auto& s = strategies_[static_cast<int>(c)];
+  if (!s) {
+    switch (c) {
+      case MoeComm::AllReduce: s = make_allreduce(*this); break;
+      case MoeComm::AllGather: s = make_allgather(*this); break;
+      case MoeComm::AllToAll: s = make_alltoall(*this); break;
+      case MoeComm::AllToAllLL: s = make_alltoall_ll(*this); break;
+      case MoeComm::Auto: MOE_FAIL("internal: unresolved strategy");
+    }
+  }
+  return *s;
+}
+
+Tensor EpMoeLayer::forward(const Tensor& x) {
+  const int64_t H = layer_.config().hidden_size;
+  MOE_CHECK(x.ndim() == 2 && x.dim(1) == H && x.is_contiguous(),
+            "MoE input 'hidden_states' has shape {}, expected [T, {}]", shape_str(x.shape()), H);
+  stats_.reset();
+  const double t0 = dispatch::now_s();
+  const int R = world_.size();
+  const int64_t T = x.dim(0);
+
+  // One small collective per call: every rank's token count. It sizes the chunk
+  // rounds (identical on all ranks), resolves `auto` identically everywhere, and
+  // lets every rank reject an alltoall-ll overflow together instead of hanging.
+  std::vector<int64_t> counts(R);
+  {
+    dispatch::ScopedTimer timer(stats_.comm_wait_s);
+    world_.all_gather(&T, sizeof T, counts.data());
+  }
+  const int64_t max_T = *std::max_element(counts.begin(), counts.end());
+  const int64_t chunk = opt_.chunk_tokens > 0 ? opt_.chunk_tokens : std::max<int64_t>(max_T, 1);
+  const MoeComm c = resolve(std::min(chunk, max_T));
+  stats_.used = c;
+  if (c == MoeComm::AllReduce)
+    for (int r = 0; r < R; ++r)
+      MOE_CHECK(counts[r] == T, "--moe-comm allreduce needs the same tokens on every rank: rank {} has {}, rank {} has {}",
+                world_.rank(), T, r, counts[r]);
+  if (c == MoeComm::AllToAllLL)
+    for (int r = 0; r < R; ++r)
+      MOE_CHECK(std::min(counts[r], chunk) <= opt_.max_tokens_per_rank,
+                "--moe-comm alltoall-ll: rank {} holds {} tokens per call, more than --max-tokens-per-rank {} "
+                "(raise it, set --moe-chunk-tokens, or use alltoall)",
+                r, std::min(counts[r], chunk), opt_.max_tokens_per_rank);
+
+  Tensor y = Tensor::zeros({T, H}, DType::F32);
+  const int64_t rounds = std::max<int64_t>(1, (max_T + chunk - 1) / chunk);
+  MoeStrategy& s = strategy(c);
+  for (int64_t i = 0; i < rounds; ++i) {
+    const int64_t b = std::min(T, i * chunk), e = std::min(T, (i + 1) * chunk);
+    s.forward(x.slice_rows(b, e), y.data<float>() + b * H, stats_);
+  }
+  stats_.rounds = rounds;
+  stats_.total_s = dispatch::now_s() - t0;
+  return y;
+}
+
+}  // namespace moe

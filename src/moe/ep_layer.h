@@ -1,0 +1,101 @@
+// One MoE block under expert parallelism: the routed experts are split over the
+// ranks, tokens travel to their experts and back through one of four strategies.
+//
+// Token contracts (what `x` means on each rank):
+//   allreduce               every rank holds the SAME tokens and gets the same y.
+//   allgather, alltoall,    each rank holds ITS OWN tokens (counts may differ, even
+//   alltoall-ll             be 0) and gets the output of its own tokens.
+// The caller (CLI, model runner) lays tokens out accordingly.
+//
+// EP invariance: alltoall and alltoall-ll send every (token, expert) slot to the
+// rank owning the expert, return each slot's expert output to the source, and sum
+// the k slots there in slot order j = 0..k-1. With tp = 1 the result is bitwise
+// identical to the single-rank MoeLayer::forward for every EP size, because the
+// grouped GEMM is batch-invariant (a row's result does not depend on the other
+// rows; see kernels/grouped_gemm.h) and the combine order is fixed.
+//
+// Collectives: every rank must call forward() the same number of times (chunked
+// mode keeps that true by running the same number of rounds everywhere).
+// Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "moe/fused_moe.h"
+#include "moe/placement.h"
+
+namespace moe {
+
+enum class MoeComm : uint8_t { AllReduce, AllGather, AllToAll, AllToAllLL, Auto };
+MoeComm parse_moe_comm(const std::string& name);  // allreduce, allgather, alltoall, alltoall-ll, auto
+const char* moe_comm_name(MoeComm c);
+
+struct EpOptions {
+  MoeComm comm = MoeComm::Auto;
+  // alltoall-ll: tokens one rank may send per call; sizes the fixed buffers.
+  int64_t max_tokens_per_rank = 64;
+  // > 0: run the block over chunks of at most this many tokens per rank, so that
+  // dispatch buffers stay bounded; every rank runs the same number of rounds.
+  int64_t chunk_tokens = 0;
+  // Run the shared experts while the routed experts' communication is in flight.
+  bool overlap = true;
+};
+
+// Where the time of the last forward() went, summed over its chunks.
+struct EpStats {
+  double total_s = 0;
+  double compute_s = 0;   // gate, routing, packing, experts, combine (not shared)
+  double shared_s = 0;    // shared experts (overlapped with comm when enabled)
+  double comm_wait_s = 0;  // time blocked in communication
+  double bytes_sent = 0;   // payload bytes this rank sent (both directions)
+  int64_t rounds = 0;
+  MoeComm used = MoeComm::Auto;
+  void reset() { *this = EpStats{}; }
+};
+
+// The rank-local half of a strategy; defined in moe/dispatch/*.cpp.
+class MoeStrategy {
+ public:
+  virtual ~MoeStrategy() = default;
+  // y [T, H] f32 for this rank's x [T, H] (contract per strategy, see above).
+  virtual void forward(const Tensor& x, float* y, EpStats& stats) = 0;
+};
+
+class EpMoeLayer {
+ public:
+  // `layer` holds this rank's experts (placement.begin..end of its EP rank, and
+  // under MoE-TP its slice of I) plus the full gate and shared experts.
+  // `world` must outlive this object.
+  EpMoeLayer(MoeLayer layer, Communicator& world, Placement placement, EpOptions opt);
+  ~EpMoeLayer();
+
+  Tensor forward(const Tensor& x);
+  const EpStats& stats() const { return stats_; }
+  MoeLayer& local() { return layer_; }
+  const Placement& placement() const { return placement_; }
+  const EpOptions& options() const { return opt_; }
+  Communicator& comm() { return world_; }
+  // The strategy `auto` resolves to for a call where the largest rank holds max_tokens.
+  MoeComm resolve(int64_t max_tokens) const;
+
+ private:
+  MoeStrategy& strategy(MoeComm c);
+
+  MoeLayer layer_;
+  Communicator& world_;
+  Placement placement_;
+  EpOptions opt_;
+  EpStats stats_;
+  std::unique_ptr<MoeStrategy> strategies_[4];
+};
+
+// Factories (moe/dispatch/*.cpp).
+std::unique_ptr<MoeStrategy> make_allreduce(EpMoeLayer& ep);
+std::unique_ptr<MoeStrategy> make_allgather(EpMoeLayer& ep);
+std::unique_ptr<MoeStrategy> make_alltoall(EpMoeLayer& ep);
+std::unique_ptr<MoeStrategy> make_alltoall_ll(EpMoeLayer& ep);
+
+}  // namespace moe
