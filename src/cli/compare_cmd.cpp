@@ -1,8 +1,12 @@
 #include "cli/compare_cmd.h"
 
+#include "cli/verbs.h"
+
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <cmath>
+#include <memory>
 
 #include "core/check.h"
 #include "loader/safetensors.h"
@@ -31,6 +35,19 @@ int run_compare_cmd(const CompareOptions& o) {
              o.label.empty() ? "" : o.label + ": ", o.tensor, a.numel(), max_abs, max_ref,
              max_ref > 0 ? max_abs / max_ref : 0.0, bad, o.atol, o.rtol, bad == 0 ? "OK" : "MISMATCH");
   return bad == 0 ? 0 : 3;
+}
+
+Verb add_compare_verb(CLI::App& app) {
+  auto cmp = std::make_shared<CompareOptions>();
+  CLI::App* cc = app.add_subcommand(
+      "compare", "Compare one tensor of two safetensors files; exit 3 if any element is outside atol + rtol * |b|");
+  cc->add_option("a", cmp->a, "First file (e.g. moe-ep's output)")->required()->check(CLI::ExistingFile);
+  cc->add_option("b", cmp->b, "Second file, the reference")->required()->check(CLI::ExistingFile);
+  cc->add_option("--tensor", cmp->tensor, "Tensor name to compare")->capture_default_str();
+  cc->add_option("--atol", cmp->atol, "Absolute tolerance")->capture_default_str();
+  cc->add_option("--rtol", cmp->rtol, "Relative tolerance (times |b|)")->capture_default_str();
+  cc->add_option("--label", cmp->label, "Text printed before the result");
+  return {cc, [cmp] { return run_compare_cmd(*cmp); }};
 }
 
 }  // namespace moe

@@ -1,8 +1,12 @@
 #include "cli/layer_cmd.h"
 
+#include "cli/verbs.h"
+
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <chrono>
+#include <memory>
 #include <optional>
 
 #include "comm/consistency.h"
@@ -134,6 +138,39 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
           cfg.model_type, opt.layer, is_moe ? "MoE" : "dense MLP", T, dtype_name(opt.dtype), how, load_s,
           run_s * 1e3, opt.output, T, H, cpu_summary(), num_threads());
   }
+}
+
+Verb add_layer_verb(CLI::App& app) {
+  auto opt = std::make_shared<LayerCmdOptions>();
+  auto dtype = std::make_shared<std::string>("f32");
+  CLI::App* lc = app.add_subcommand(
+      "layer",
+      "Run the MLP block (MoE or dense) of one decoder layer of a Hugging Face model on the tensor "
+      "'hidden_states' [T, H] of --input, and write 'hidden_states' [T, H] f32 to --output");
+  lc->add_option("--model", opt->model_dir, "Model directory: config.json and *.safetensors")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  lc->add_option("--layer", opt->layer, "Decoder layer index (0-based)")->required();
+  lc->add_option("--input", opt->input, "safetensors file holding 'hidden_states' [T, H] (f32, bf16 or f16)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  lc->add_option("--output", opt->output, "safetensors file to write ('hidden_states' [T, H] f32; rank 0 writes it)")
+      ->required();
+  lc->add_option("--dtype", *dtype,
+                 "Compute dtype of the weights: f32, or bf16 (bf16 weights and activations, f32 accumulation)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  lc->add_flag("--quiet", opt->quiet, "Print nothing on success");
+  lc->add_option("--dp-tokens", opt->dp_tokens,
+                 "Rows of the input per DP replica, comma separated (uneven counts and zeros allowed; "
+                 "default: an even split)")
+      ->delimiter(',');
+  add_parallel_options(lc, opt->parallel);
+  return {lc, [opt, dtype] {
+            opt->dtype = parse_dtype(*dtype);
+            run_layer_cmd(*opt);
+            return 0;
+          }};
 }
 
 }  // namespace moe

@@ -1,15 +1,11 @@
-// The moe-ep command line: one binary, one verb per job.
+// The moe-ep command line: one binary, one verb per job (see cli/verbs.h).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <exception>
 
-#include "cli/bench_cmd.h"
-#include "cli/compare_cmd.h"
-#include "cli/layer_cmd.h"
-#include "cli/parallel_opts.h"
+#include "cli/verbs.h"
 #include "comm/communicator.h"
-#include "core/check.h"
 #include "core/cpu.h"
 #include "core/threads.h"
 
@@ -22,7 +18,8 @@ struct GlobalOptions {
 
 void add_global(CLI::App* cmd, GlobalOptions& g) {
   cmd->add_option("--threads", g.threads,
-                  "Worker threads for the kernels (default 0: every core this process may use)")
+                  "Worker threads for the kernels (default 0: the cores of this machine divided among the "
+                  "ranks that mpirun started on it)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--isa", g.isa,
                   "Cap the instruction set the kernels use: portable, avx2, avx512 or avx512bf16 "
@@ -31,7 +28,7 @@ void add_global(CLI::App* cmd, GlobalOptions& g) {
 }
 
 void apply_global(const GlobalOptions& g) {
-  moe::set_num_threads(g.threads);  // 0: the cores divided among the ranks on this host
+  moe::set_num_threads(g.threads);
   if (!g.isa.empty()) moe::set_isa_cap(moe::parse_isa(g.isa));
 }
 
@@ -51,49 +48,10 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "moe-ep 0.1.0");
   GlobalOptions g;
 
-  moe::LayerCmdOptions layer;
-  std::string layer_dtype = "f32";
-  CLI::App* lc = app.add_subcommand(
-      "layer",
-      "Run the MLP block (MoE or dense) of one decoder layer of a Hugging Face model on the tensor "
-      "'hidden_states' [T, H] of --input, and write 'hidden_states' [T, H] f32 to --output");
-  lc->add_option("--model", layer.model_dir, "Model directory: config.json and *.safetensors")
-      ->required()
-      ->check(CLI::ExistingDirectory);
-  lc->add_option("--layer", layer.layer, "Decoder layer index (0-based)")->required();
-  lc->add_option("--input", layer.input, "safetensors file holding 'hidden_states' [T, H] (f32, bf16 or f16)")
-      ->required()
-      ->check(CLI::ExistingFile);
-  lc->add_option("--output", layer.output, "safetensors file to write ('hidden_states' [T, H] f32)")->required();
-  lc->add_option("--dtype", layer_dtype,
-                 "Compute dtype of the weights: f32, or bf16 (bf16 weights and activations, f32 accumulation)")
-      ->check(CLI::IsMember({"f32", "bf16"}))
-      ->capture_default_str();
-  lc->add_flag("--quiet", layer.quiet, "Print nothing on success");
-  lc->add_option("--dp-tokens", layer.dp_tokens,
-                 "Rows of the input per DP replica, comma separated (uneven counts and zeros allowed; "
-                 "default: an even split)")
-      ->delimiter(',');
-  moe::add_parallel_options(lc, layer.parallel);
-  add_global(lc, g);
-
-  moe::BenchOptions bench;
-  CLI::App* bc = app.add_subcommand(
-      "bench",
-      "Benchmark one MoE layer with random weights: checks the output against the reference first, then "
-      "prints time per call, tokens/s, weight GB/s and GFLOP/s against this machine's measured limits");
-  moe::add_bench_options(bc, bench);
-  add_global(bc, g);
-
-  moe::CompareOptions cmp;
-  CLI::App* cc = app.add_subcommand(
-      "compare", "Compare one tensor of two safetensors files; exit 3 if any element is outside atol + rtol * |b|");
-  cc->add_option("a", cmp.a, "First file (e.g. moe-ep's output)")->required()->check(CLI::ExistingFile);
-  cc->add_option("b", cmp.b, "Second file, the reference")->required()->check(CLI::ExistingFile);
-  cc->add_option("--tensor", cmp.tensor, "Tensor name to compare")->capture_default_str();
-  cc->add_option("--atol", cmp.atol, "Absolute tolerance")->capture_default_str();
-  cc->add_option("--rtol", cmp.rtol, "Relative tolerance (times |b|)")->capture_default_str();
-  cc->add_option("--label", cmp.label, "Text printed before the result");
+  std::vector<moe::Verb> verbs = {moe::add_layer_verb(app), moe::add_bench_verb(app), moe::add_compare_verb(app)};
+  for (auto& v : moe::add_inspect_verbs(app)) verbs.push_back(std::move(v));
+  for (auto& v : moe::add_model_verbs(app)) verbs.push_back(std::move(v));
+  for (auto& v : verbs) add_global(v.cmd, g);
 
   try {
     app.parse(argc, argv);
@@ -102,14 +60,8 @@ int main(int argc, char** argv) {
   }
   try {
     apply_global(g);
-    if (*lc) {
-      layer.dtype = moe::parse_dtype(layer_dtype);
-      moe::run_layer_cmd(layer);
-    } else if (*bc) {
-      return moe::run_bench_cmd(bench);
-    } else if (*cc) {
-      return moe::run_compare_cmd(cmp);
-    }
+    for (auto& v : verbs)
+      if (v.cmd->parsed()) return v.run();
   } catch (const std::exception& e) {
     fail(e.what());
   }

@@ -1,0 +1,26 @@
+// The verbs of the moe-ep command. Each add_*_verb adds its subcommand (with
+// --help text for every flag) to the app and returns the function that runs it
+// once parsing chose it. Options live in objects owned by that function.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace moe {
+
+struct Verb {
+  CLI::App* cmd = nullptr;
+  std::function<int()> run;  // returns the process exit code; throws moe::Error
+};
+
+Verb add_layer_verb(CLI::App& app);      // cli/layer_cmd.cpp
+Verb add_bench_verb(CLI::App& app);      // cli/bench_cmd.cpp
+Verb add_compare_verb(CLI::App& app);    // cli/compare_cmd.cpp
+std::vector<Verb> add_inspect_verbs(CLI::App& app);  // cli/inspect_cmd.cpp (checkpoint inspection)
+std::vector<Verb> add_model_verbs(CLI::App& app);    // cli/model_cmds.cpp (forward, generate, ...)
+
+}  // namespace moe
