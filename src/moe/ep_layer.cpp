@@ -111,4 +111,19 @@ Tensor EpMoeLayer::forward(const Tensor& x) {
   return y;
 }
 
+Tensor EpMoeLayer::forward_replicated(const Tensor& x) {
+  const int R = world_.size(), r = world_.rank();
+  const int64_t T = x.dim(0), H = layer_.config().hidden_size;
+  if (opt_.comm == MoeComm::AllReduce || R == 1) return forward(x);
+  const int64_t b = T * r / R, e = T * (r + 1) / R;
+  const Tensor y_local = forward(x.slice_rows(b, e));
+  Tensor y = Tensor::empty({T, H}, DType::F32);
+  std::vector<size_t> bytes(R);
+  for (int i = 0; i < R; ++i) bytes[i] = static_cast<size_t>(T * (i + 1) / R - T * i / R) * H * sizeof(float);
+  const double t0 = dispatch::now_s();
+  world_.all_gather_v(y_local.raw(), y_local.nbytes(), y.raw(), bytes);
+  stats_.comm_wait_s += dispatch::now_s() - t0;
+  return y;
+}
+
 }  // namespace moe

@@ -73,6 +73,11 @@ class EpMoeLayer {
   ~EpMoeLayer();
 
   Tensor forward(const Tensor& x);
+  // Every rank holds the same x [T, H] and gets the same y (replicated or TP
+  // attention feeding EP experts). allreduce runs on x as it is; the other
+  // strategies give each rank an even share of the rows (sequence parallel), run,
+  // and all-gather the outputs.
+  Tensor forward_replicated(const Tensor& x);
   const EpStats& stats() const { return stats_; }
   MoeLayer& local() { return layer_; }
   const Placement& placement() const { return placement_; }

@@ -234,6 +234,41 @@ TEST_P(EpFixtures, EveryStrategyMatchesSingleRank) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, EpFixtures, ::testing::Values(DType::F32, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
+TEST(EpReplicated, SameTokensOnEveryRankGiveTheSingleRankOutput) {
+  const int rank = world().rank();
+  int checked = 0;
+  for (const Case& cs : moe_cases()) {
+    if (cs.input.find("T33") == std::string::npos) continue;
+    Checkpoint ck = Checkpoint::open(cs.dir);
+    const MoeConfig cfg = MoeConfig::from_hf(ck.config());
+    const Tensor x = SafetensorsFile::open(cs.input)->view("hidden_states").clone();
+    MoeLayer single(cfg, load_moe_layer(ck, cfg, cs.layer, {}));
+    const Tensor ref = single.forward(x);
+    const int ep = world().size();
+    if (cfg.n_experts < ep) continue;
+    const Placement pl = Placement::contiguous(cfg.n_experts, ep, 1);
+    MlpLoadOptions lo;
+    lo.expert_begin = pl.begin(rank);
+    lo.expert_end = pl.end(rank);
+    for (MoeComm c : kAll) {
+      SCOPED_TRACE(::testing::Message() << cs.dir << " layer " << cs.layer << " " << moe_comm_name(c));
+      EpOptions o;
+      o.comm = c;
+      EpMoeLayer layer(MoeLayer(cfg, load_moe_layer(ck, cfg, cs.layer, lo)), world(), pl, o);
+      const Tensor y = layer.forward_replicated(x);
+      ASSERT_EQ(y.shape(), ref.shape());
+      if (c == MoeComm::AllToAll || c == MoeComm::AllToAllLL) {
+        ASSERT_EQ(0, std::memcmp(y.raw(), ref.raw(), ref.nbytes()));
+      } else {
+        for (int64_t i = 0; i < ref.numel(); ++i)
+          ASSERT_NEAR(y.data<float>()[i], ref.data<float>()[i], 1e-5 + 1e-5 * std::fabs(ref.data<float>()[i]));
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
 TEST(EpErrors, AllToAllLLOverflowIsAnErrorOnEveryRank) {
   const int R = world().size(), rank = world().rank();
   const MoeConfig cfg = tagged_config(8, 2);
