@@ -1,5 +1,6 @@
 #include "cli/bench_cmd.h"
 
+#include "cli/bench_common.h"
 #include "cli/verbs.h"
 
 #include <CLI/CLI.hpp>
@@ -24,92 +25,21 @@
 
 namespace moe {
 
-namespace {
-
-struct ShapePreset {
-  const char* name;
-  int64_t hidden, inter, experts, topk;
-};
-// Layer shapes of public checkpoints (their config.json).
-constexpr ShapePreset kShapes[] = {
-    {"qwen3-30b-a3b", 2048, 768, 128, 8},
-    {"qwen3-235b-a22b", 4096, 1536, 128, 8},
-    {"mixtral-8x7b", 4096, 14336, 8, 2},
-    {"qwen2-57b-a14b", 3584, 2560, 64, 8},
-};
-
-// splitmix64: fast, seedable, good enough to make random weights and inputs.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * (2.f / 16777216.f) - 1.f; }  // [-1, 1)
-};
-
-Tensor random_tensor(const Shape& shape, DType dtype, float scale, uint64_t seed) {
-  Tensor t = Tensor::empty(shape, DType::F32);
-  float* p = t.data<float>();
-  const int64_t n = t.numel();
-  Rng r{seed};
-  for (int64_t i = 0; i < n; ++i) p[i] = r.uniform() * scale;
-  return dtype == DType::F32 ? t : t.to(dtype);
-}
-
-MoeLayerWeights random_weights(const MoeConfig& cfg, DType dtype) {
-  const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts;
-  MoeLayerWeights w;
-  w.expert_begin = 0;
-  w.expert_end = E;
-  w.gate = make_packed_experts(1, E, H, DType::F32, false);
-  // Gate scale 4/sqrt(H): logits of a few units, so routing is far from uniform.
-  pack_expert(w.gate, 0, random_tensor({E, H}, DType::F32, 4.f / std::sqrt(float(H)), 1));
-  w.w13 = make_packed_experts(E, 2 * I, H, dtype, true);
-  w.w2 = make_packed_experts(E, H, I, dtype, false);
-  // Scales 1/sqrt(fan_in) * sqrt(3) keep activations O(1) through both GEMMs.
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t e = 0; e < E; ++e) {
-    pack_expert(w.w13, e, random_tensor({2 * I, H}, DType::F32, std::sqrt(3.f / H), 100 + 2 * e));
-    pack_expert(w.w2, e, random_tensor({H, I}, DType::F32, std::sqrt(3.f / I), 101 + 2 * e));
-  }
-  return w;
-}
-
-// Largest |y - ref| beyond tolerance; returns the number of elements out of bounds.
-int64_t compare(const Tensor& y, const Tensor& ref, float atol, float rtol, double* max_abs) {
-  int64_t bad = 0;
-  *max_abs = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    const double d = std::fabs(double(y.data<float>()[i]) - ref.data<float>()[i]);
-    *max_abs = std::max(*max_abs, d);
-    if (!(d <= atol + rtol * std::fabs(ref.data<float>()[i]))) ++bad;
-  }
-  return bad;
-}
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
+using bench::now_s;
+using bench::random_tensor;
 
 void add_bench_options(CLI::App* cmd, BenchOptions& o) {
-  std::vector<std::string> names = {"custom"};
-  std::string list = "custom";
-  for (const auto& s : kShapes) {
-    names.push_back(s.name);
-    list += std::string(", ") + s.name;
-  }
-  cmd->add_option("--shape", o.shape, "Layer shape: a preset (" + list + ")")
-      ->check(CLI::IsMember(names))
+  cmd->add_option("--shape", o.shape, "Layer shape: a preset of a public checkpoint, or custom (" +
+                                          bench::shape_names() + ")")
+      ->check([](const std::string& v) { return bench::is_shape(v) ? std::string() : "unknown shape " + v; })
       ->capture_default_str();
   cmd->add_option("--hidden", o.hidden, "Hidden size H (with --shape custom)")->check(CLI::PositiveNumber);
   cmd->add_option("--inter", o.inter, "Expert intermediate size I (with --shape custom)")->check(CLI::PositiveNumber);
   cmd->add_option("--experts", o.experts, "Routed experts E (with --shape custom)")->check(CLI::PositiveNumber);
   cmd->add_option("--topk", o.topk, "Experts per token k (with --shape custom)")->check(CLI::PositiveNumber);
+  cmd->add_option("--shared-inter", o.shared_inter,
+                  "Intermediate size of the shared experts (with --shape custom; default none)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--tokens", o.tokens, "Token counts per call, comma separated")
       ->delimiter(',')
       ->check(CLI::PositiveNumber)
@@ -122,33 +52,13 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       ->capture_default_str();
   cmd->add_option("--json", o.json_path, "Also write the results as a JSON list, one record per token count");
   cmd->add_flag("--skip-check", o.skip_check, "Do not check the output against the reference first");
+  add_parallel_options(cmd, o.parallel);
 }
 
 int run_bench_cmd(const BenchOptions& o) {
-  MoeConfig cfg;
-  cfg.model_type = "bench";
-  cfg.n_layers = 1;
-  if (o.shape == "custom") {
-    MOE_CHECK(o.hidden > 0 && o.inter > 0 && o.experts > 0 && o.topk > 0,
-              "--shape custom needs --hidden, --inter, --experts and --topk");
-    cfg.hidden_size = o.hidden;
-    cfg.moe_intermediate_size = o.inter;
-    cfg.n_experts = o.experts;
-    cfg.top_k = o.topk;
-  } else {
-    MOE_CHECK(o.hidden == 0 && o.inter == 0 && o.experts == 0 && o.topk == 0,
-              "--hidden/--inter/--experts/--topk need --shape custom (the preset '{}' fixes them)", o.shape);
-    for (const auto& s : kShapes)
-      if (o.shape == s.name) {
-        cfg.hidden_size = s.hidden;
-        cfg.moe_intermediate_size = s.inter;
-        cfg.n_experts = s.experts;
-        cfg.top_k = s.topk;
-      }
-  }
-  cfg.routing.scoring = Scoring::Softmax;
-  cfg.routing.renormalize = true;
-  cfg.validate();
+  Communicator& world = parallel_world(o.parallel);
+  if (world.size() > 1) return run_bench_ep(o, world);
+  const MoeConfig cfg = bench::bench_config(o);
   const DType dtype = parse_dtype(o.dtype);
   const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts, k = cfg.top_k;
   const int threads = num_threads();
@@ -156,7 +66,7 @@ int run_bench_cmd(const BenchOptions& o) {
   fmt::print("moe-ep bench: shape {} (H={} I={} E={} k={}), dtype {}, {} threads\n  cpu: {}\n", o.shape, H, I, E,
              k, o.dtype, threads, cpu_summary());
   const double t_build = now_s();
-  MoeLayer layer(cfg, random_weights(cfg, dtype));
+  MoeLayer layer(cfg, bench::random_layer(cfg, dtype, 0, E));
   const size_t expert_bytes = layer.weights().w13.bytes_per_expert() + layer.weights().w2.bytes_per_expert();
   const double gate_bytes = double(E) * H * 4;
   fmt::print("  weights: {:.2f} GB of experts ({:.1f} MB each), built in {:.1f} s\n",
@@ -186,20 +96,17 @@ int run_bench_cmd(const BenchOptions& o) {
     constexpr int kPool = 16;
     std::vector<Tensor> inputs;
     for (int i = 0; i < kPool; ++i)
-      inputs.push_back(random_tensor({T, H}, DType::F32, 1.f, 1000003ull * T + i));
+      inputs.push_back(random_tensor({T, H}, 1.f, 1000003ull * T + i));
 
     std::string check = "skipped";
     if (!o.skip_check) {
       const int64_t n = std::min<int64_t>(T, 4);
       const Tensor x = inputs[0];
       const Tensor y = layer.forward(x);
-      const Tensor ref = moe_reference(cfg, layer.weights(), x.slice_rows(0, n));
-      double max_abs = 0;
-      // bf16: vLLM's CPU MoE bounds; f32: only summation order differs.
-      const bool bf16 = dtype == DType::BF16;
-      const int64_t bad = compare(y.slice_rows(0, n), ref, bf16 ? 1e-3f : 1e-5f, bf16 ? 1.6e-2f : 1e-4f, &max_abs);
-      check = fmt::format("{} ({} tokens, max|diff| {:.1e})", bad == 0 ? "ok" : "FAILED", n, max_abs);
-      all_ok = all_ok && bad == 0;
+      bool ok = false;
+      check = bench::check_sample(cfg, layer.weights(), x.slice_rows(0, n), y.slice_rows(0, n), dtype, &ok);
+      all_ok = all_ok && ok;
+
     }
 
     layer.forward(inputs[1]);  // warm-up: scratch buffers, thread pool
@@ -222,8 +129,9 @@ int run_bench_cmd(const BenchOptions& o) {
     std::sort(times.begin(), times.end());
     const double t_med = times[times.size() / 2];
     const double experts_avg = touched / times.size();
-    const double bytes = experts_avg * expert_bytes + gate_bytes;
-    const double flops = 2.0 * T * k * (3.0 * H * I) + 2.0 * T * E * H;
+    const double S = double(cfg.shared_intermediate_size);
+    const double bytes = experts_avg * expert_bytes + gate_bytes + 3.0 * H * S * dtype_size(dtype);
+    const double flops = 2.0 * T * k * (3.0 * H * I) + 2.0 * T * E * H + 2.0 * T * 3.0 * H * S;
     const double gbps = bytes / t_med / 1e9, gflops = flops / t_med / 1e9;
     const double frac_bw = bw > 0 ? gbps / bw : 0, frac_peak = peak > 0 ? gflops / peak : 0;
     fmt::print("{:>7} {:>10.3f} {:>11.1f} {:>9.1f} {:>9.1f} {:>8.2f} {:>9.1f} {:>8.2f} {:>8}  {}\n", T, t_med * 1e3,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/parallel_opts.h"
 #include "core/dtype.h"
 
 namespace CLI {
@@ -22,14 +23,18 @@ namespace moe {
 struct BenchOptions {
   std::string shape = "qwen3-30b-a3b";
   int64_t hidden = 0, inter = 0, experts = 0, topk = 0;  // --shape custom
+  int64_t shared_inter = -1;                              // --shape custom: shared experts' I (0: none)
   std::vector<int64_t> tokens = {1, 16, 128, 512};
   std::string dtype = "bf16";
   double seconds = 2.0;  // time budget per token count
   std::string json_path;
   bool skip_check = false;
+  ParallelOptions parallel;  // under mpirun: --ep/--tp/--moe-comm ...
 };
 
 void add_bench_options(CLI::App* cmd, BenchOptions& opt);
 int run_bench_cmd(const BenchOptions& opt);
+// The expert-parallel benchmark (cli/bench_ep.cpp): run under mpirun with --ep.
+int run_bench_ep(const BenchOptions& opt, Communicator& world);
 
 }  // namespace moe

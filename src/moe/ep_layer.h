@@ -82,6 +82,7 @@ class EpMoeLayer {
   MoeLayer& local() { return layer_; }
   const Placement& placement() const { return placement_; }
   const EpOptions& options() const { return opt_; }
+  void set_overlap(bool on) { opt_.overlap = on; }
   Communicator& comm() { return world_; }
   // The strategy `auto` resolves to for a call where the largest rank holds max_tokens.
   MoeComm resolve(int64_t max_tokens) const;

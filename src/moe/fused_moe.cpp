@@ -86,9 +86,9 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, MoeLayerWeights weights) : cfg_(cfg), w
   MOE_CHECK(!cfg_.shared_expert_gate || w_.shared_gate.numel() == H, "shared_expert_gate must hold {} values", H);
 }
 
-const float* MoeLayer::x_as_f32(const Tensor& x) {
+const float* MoeLayer::x_as_f32(const Tensor& x, MoeScratch& s) {
   if (x.dtype() == DType::F32) return x.data<float>();
-  Tensor& buf = MoeScratch::ensure(scratch_.x_f32, x.dim(0), x.dim(1), DType::F32);
+  Tensor& buf = MoeScratch::ensure(s.x_f32, x.dim(0), x.dim(1), DType::F32);
   convert_to_f32(x.raw(), x.dtype(), buf.data<float>(), x.numel());
   return buf.data<float>();
 }
@@ -101,7 +101,7 @@ void MoeLayer::route(const Tensor& x, Routing& r) {
     Tensor& logits = MoeScratch::ensure(scratch_.logits, T, E, DType::F32);
     GroupedGemmParams g;
     g.w = &w_.gate;
-    g.a = x_as_f32(x);
+    g.a = x_as_f32(x, scratch_);
     g.lda = cfg_.hidden_size;
     const int64_t offsets[2] = {0, T};
     g.offsets = offsets;
@@ -133,10 +133,10 @@ void MoeLayer::shared_experts(const Tensor& x, float* y, bool accumulate) {
     shared_tmp_ = MoeScratch::ensure(shared_tmp_, T, H, DType::F32);
     dst = shared_tmp_.data<float>();
   }
-  run_gated_mlp(*w_.shared, x, dst, scratch_);
+  run_gated_mlp(*w_.shared, x, dst, shared_scratch_);
   if (cfg_.shared_expert_gate) {
     // Qwen2-MoE: shared output scaled per token by sigmoid(x . w_gate).
-    const float* xf = x_as_f32(x);
+    const float* xf = x_as_f32(x, shared_scratch_);
     const float* g = w_.shared_gate.data<float>();
     for (int64_t t = 0; t < T; ++t) {
       float dot = 0.f;

@@ -90,6 +90,8 @@ class MoeLayer {
   void routed_partial(const Tensor& x, const Routing& r, float* y);
   // Shared experts (with Qwen2's sigmoid gate) of x, written to y [T, H] f32
   // (y = shared(x) if !accumulate, else y += shared(x)). No-op without shared experts.
+  // Uses its own scratch, so it may run on another thread while the routed experts
+  // run (never two shared_experts calls at once).
   void shared_experts(const Tensor& x, float* y, bool accumulate);
   // The whole block on one rank holding all experts: returns y [T, H] f32.
   Tensor forward(const Tensor& x);
@@ -97,12 +99,13 @@ class MoeLayer {
   MoeScratch& scratch() { return scratch_; }
 
  private:
-  const float* x_as_f32(const Tensor& x);
+  const float* x_as_f32(const Tensor& x, MoeScratch& s);
 
   MoeConfig cfg_;
   MoeLayerWeights w_;
   MoeScratch scratch_;
-  Tensor shared_tmp_;  // [T, H] f32
+  MoeScratch shared_scratch_;  // the shared experts' own, see shared_experts()
+  Tensor shared_tmp_;          // [T, H] f32
 };
 
 }  // namespace moe

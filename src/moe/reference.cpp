@@ -57,10 +57,11 @@ Tensor gated_mlp_reference(const GatedMlpWeights& w, const Tensor& x) {
   return y;
 }
 
-Tensor moe_reference(const MoeConfig& cfg, const MoeLayerWeights& w, const Tensor& x) {
+Tensor moe_reference(const MoeConfig& cfg, const MoeLayerWeights& w, const Tensor& x, const ExpertWeightsFn& experts) {
   const int64_t T = x.dim(0), H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts,
                 k = cfg.top_k;
-  MOE_CHECK(w.expert_begin == 0 && w.expert_end == E, "moe_reference needs all experts");
+  MOE_CHECK(experts || (w.expert_begin == 0 && w.expert_end == E && w.w13.n == 2 * I),
+            "moe_reference needs all experts' full weights (or an ExpertWeightsFn)");
   const bool bf16 = w.w13.dtype == DType::BF16;
   const Tensor gate = unpack_expert(w.gate, 0);  // [E, H]
   std::vector<float> logits(T * E);
@@ -95,7 +96,8 @@ Tensor moe_reference(const MoeConfig& cfg, const MoeLayerWeights& w, const Tenso
       const int32_t e = ids[t * k + j];
       auto it = unpacked.find(e);
       if (it == unpacked.end())
-        it = unpacked.emplace(e, std::make_pair(unpack_expert(w.w13, e), unpack_expert(w.w2, e))).first;
+        it = unpacked.emplace(e, experts ? experts(e) : std::make_pair(unpack_expert(w.w13, e), unpack_expert(w.w2, e)))
+                 .first;
       const auto r = mlp_row(it->second.first.data<float>(), it->second.second.data<float>(), H, I, cfg.act, bf16, xr);
       for (int64_t h = 0; h < H; ++h) acc[h] += weights[t * k + j] * r[h];
     }

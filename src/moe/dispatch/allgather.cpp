@@ -61,7 +61,12 @@ class AllGather final : public MoeStrategy {
     auto req = comm.iall_to_all_v(send_.data(), sb, so, recv_.data(), rb, ro);
     st.bytes_sent += static_cast<double>(T * rec) * (R - 1);
     shared_ = MoeScratch::ensure(shared_, T, H, DType::F32);
-    dispatch::shared_during(layer, x, shared_.data<float>(), req.get(), ep_.options().overlap, st);
+    dispatch::SharedRun shared;
+    shared.start(layer, x, shared_.data<float>(), ep_.options().overlap, st);
+    if (req) {
+      ScopedTimer timer(st.comm_wait_s);
+      req->wait();
+    }
 
     {
       ScopedTimer timer(st.compute_s);
@@ -86,7 +91,7 @@ class AllGather final : public MoeStrategy {
       comm.reduce_scatter_v_sum(partial_.data<float>(), y, n);
       st.bytes_sent += static_cast<double>(T_all - T) * H * sizeof(float);
     }
-    if (w.shared) {
+    if (shared.finish()) {
       ScopedTimer timer(st.compute_s);
       const float* s = shared_.data<float>();
       for (int64_t i = 0; i < T * H; ++i) y[i] += s[i];

@@ -94,7 +94,12 @@ class AllToAll final : public MoeStrategy {
     for (int r = 0; r < R; ++r)
       if (r != me) st.bytes_sent += static_cast<double>(sb[r]);
     shared_ = MoeScratch::ensure(shared_, T, H, DType::F32);
-    dispatch::shared_during(layer, x, shared_.data<float>(), req.get(), ep_.options().overlap, st);
+    dispatch::SharedRun shared;
+    shared.start(layer, x, shared_.data<float>(), ep_.options().overlap, st);
+    if (req) {
+      ScopedTimer timer(st.comm_wait_s);
+      req->wait();
+    }
 
     // ---- experts: every (record, slot) of this rank's experts, in arrival order.
     std::vector<size_t> items_from(R, 0);
@@ -153,7 +158,7 @@ class AllToAll final : public MoeStrategy {
         }
       }
       dispatch::combine_slots(routing_.weights.data(), T, k, tp, parts_, H, y);
-      if (layer.weights().shared) {
+      if (shared.finish()) {
         const float* s = shared_.data<float>();
         for (int64_t i = 0; i < T * H; ++i) y[i] += s[i];
       }

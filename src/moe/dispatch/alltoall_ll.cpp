@@ -81,7 +81,12 @@ class AllToAllLL final : public MoeStrategy {
     auto req = comm.iall_to_all_v(send_.data(), b, off, recv_.data(), b, off);
     st.bytes_sent += static_cast<double>(block_) * (R - 1);
     shared_ = MoeScratch::ensure(shared_, T, H, DType::F32);
-    dispatch::shared_during(layer, x, shared_.data<float>(), req.get(), ep_.options().overlap, st);
+    dispatch::SharedRun shared;
+    shared.start(layer, x, shared_.data<float>(), ep_.options().overlap, st);
+    if (req) {
+      ScopedTimer timer(st.comm_wait_s);
+      req->wait();
+    }
 
     {
       ScopedTimer timer(st.compute_s);
@@ -128,7 +133,7 @@ class AllToAllLL final : public MoeStrategy {
         }
       }
       dispatch::combine_slots(routing_.weights.data(), T, k, tp, parts_, H, y);
-      if (layer.weights().shared) {
+      if (shared.finish()) {
         const float* s = shared_.data<float>();
         for (int64_t i = 0; i < T * H; ++i) y[i] += s[i];
       }

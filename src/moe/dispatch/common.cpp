@@ -1,8 +1,15 @@
 #include "moe/dispatch/common.h"
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "core/check.h"
+#include "core/threads.h"
 
 namespace moe::dispatch {
 
@@ -81,20 +88,95 @@ void combine_slots(const float* weights, int64_t T, int64_t k, int tp, const std
   }
 }
 
-void shared_during(MoeLayer& layer, const Tensor& x, float* y_shared, CommRequest* req, bool overlap,
-                   EpStats& stats) {
-  if (!overlap && req) {
-    ScopedTimer t(stats.comm_wait_s);
-    req->wait();
+// One long-lived thread that runs the shared experts while the calling thread drives
+// MPI. A persistent thread keeps its OpenMP team warm between layers (creating a
+// team per call costs more than a decode step's communication).
+class SideThread {
+ public:
+  SideThread() : thread_([this] { loop(); }) {}
+  ~SideThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
   }
-  if (layer.weights().shared) {
-    ScopedTimer t(stats.shared_s);
-    layer.shared_experts(x, y_shared, /*accumulate=*/false);
+  void start(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fn_ = std::move(fn);
+      done_ = false;
+      error_ = nullptr;
+    }
+    cv_.notify_all();
   }
-  if (overlap && req) {
-    ScopedTimer t(stats.comm_wait_s);
-    req->wait();
+  void join() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+    if (error_) std::rethrow_exception(error_);
   }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || fn_; });
+      if (stop_) return;
+      auto fn = std::move(fn_);
+      fn_ = nullptr;
+      lock.unlock();
+      std::exception_ptr err;
+      try {
+        fn();
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lock.lock();
+      error_ = err;
+      done_ = true;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> fn_;
+  bool done_ = true, stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+SideThread& side_thread() {
+  static SideThread side;
+  return side;
+}
+
+void SharedRun::start(MoeLayer& layer, const Tensor& x, float* y, bool overlap, EpStats& stats) {
+  layer_ = &layer;
+  x_ = x;
+  y_ = y;
+  stats_ = &stats;
+  async_ = overlap && layer.weights().shared.has_value() && x.dim(0) > 0;
+  if (!async_) return;
+  const int nt = num_threads();
+  side_thread().start([this, nt] {
+    set_num_threads(nt);
+    ScopedTimer t(stats_->shared_s);
+    layer_->shared_experts(x_, y_, /*accumulate=*/false);
+  });
+}
+
+bool SharedRun::finish() {
+  if (!layer_ || !layer_->weights().shared.has_value()) return false;
+  if (async_) {
+    ScopedTimer t(stats_->comm_wait_s);  // not communication, but time this thread waits
+    side_thread().join();
+  } else if (x_.dim(0) > 0) {
+    ScopedTimer t(stats_->shared_s);
+    layer_->shared_experts(x_, y_, /*accumulate=*/false);
+  }
+  return x_.dim(0) > 0;
 }
 
 }  // namespace moe::dispatch

@@ -49,10 +49,26 @@ void run_local_items(MoeLayer& layer, const LocalItems& items, float* out);
 void combine_slots(const float* weights, int64_t n_tokens, int64_t k, int tp, const std::vector<const float*>& parts,
                    int64_t hidden, float* y);
 
-// Starts the shared experts on x while a request is in flight, then waits for it;
-// adds their time and the remaining wait to stats. y_shared [T, H] gets shared(x)
-// (untouched when the layer has no shared experts).
-void shared_during(MoeLayer& layer, const Tensor& x, float* y_shared, CommRequest* req, bool overlap,
-                   EpStats& stats);
+class SideThread;
+
+// The shared experts of a call, overlapped with the routed experts' communication.
+// start() launches shared(x) -> y [T, H] on a side thread (when overlapping) so the
+// calling thread stays free to drive MPI: OpenMPI moves large messages only while
+// an MPI call runs on the process (no progress thread on its shared-memory and TCP
+// paths). finish() waits for it (or, without overlap, computes it now) and returns
+// whether y holds an output to add. The side thread is shared by all layers and
+// persistent, so its OpenMP team stays warm; one call at a time.
+class SharedRun {
+ public:
+  void start(MoeLayer& layer, const Tensor& x, float* y, bool overlap, EpStats& stats);
+  bool finish();
+
+ private:
+  MoeLayer* layer_ = nullptr;
+  Tensor x_;
+  float* y_ = nullptr;
+  EpStats* stats_ = nullptr;
+  bool async_ = false;
+};
 
 }  // namespace moe::dispatch

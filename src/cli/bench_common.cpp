@@ -1,0 +1,171 @@
+#include "cli/bench_common.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "moe/reference.h"
+
+namespace moe::bench {
+
+namespace {
+
+struct ShapePreset {
+  const char* name;
+  int64_t hidden, inter, experts, topk, shared_inter;
+};
+// Layer shapes of public checkpoints (their config.json).
+constexpr ShapePreset kShapes[] = {
+    {"qwen3-30b-a3b", 2048, 768, 128, 8, 0},
+    {"qwen3-235b-a22b", 4096, 1536, 128, 8, 0},
+    {"deepseek-v2-lite", 2048, 1408, 64, 6, 2816},  // 2 shared experts of 1408
+    {"mixtral-8x7b", 4096, 14336, 8, 2, 0},
+    {"qwen2-57b-a14b", 3584, 2560, 64, 8, 20480},
+};
+
+// splitmix64: fast, seedable, good enough to make random weights and inputs.
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * (2.f / 16777216.f) - 1.f; }  // [-1, 1)
+};
+
+// Rows [i0, i1) of `top` stacked on rows [i0, i1) of `bottom`, each [I, H].
+Tensor gate_up_slice(const Tensor& w13, int64_t I, int64_t i0, int64_t i1) {
+  const int64_t H = w13.dim(1), n = i1 - i0;
+  Tensor out = Tensor::empty({2 * n, H}, DType::F32);
+  std::memcpy(out.data<float>(), w13.data<float>() + i0 * H, n * H * 4);
+  std::memcpy(out.data<float>() + n * H, w13.data<float>() + (I + i0) * H, n * H * 4);
+  return out;
+}
+
+Tensor column_slice(const Tensor& w, int64_t c0, int64_t c1) {
+  const int64_t R = w.dim(0), C = w.dim(1);
+  Tensor out = Tensor::empty({R, c1 - c0}, DType::F32);
+  for (int64_t r = 0; r < R; ++r) std::memcpy(out.data<float>() + r * (c1 - c0), w.data<float>() + r * C + c0, (c1 - c0) * 4);
+  return out;
+}
+
+}  // namespace
+
+std::string shape_names() {
+  std::string s = "custom";
+  for (const auto& p : kShapes) s += std::string(", ") + p.name;
+  return s;
+}
+
+bool is_shape(const std::string& name) {
+  if (name == "custom") return true;
+  for (const auto& p : kShapes)
+    if (name == p.name) return true;
+  return false;
+}
+
+MoeConfig bench_config(const BenchOptions& o) {
+  MoeConfig cfg;
+  cfg.model_type = "bench";
+  cfg.n_layers = 1;
+  if (o.shape == "custom") {
+    MOE_CHECK(o.hidden > 0 && o.inter > 0 && o.experts > 0 && o.topk > 0,
+              "--shape custom needs --hidden, --inter, --experts and --topk");
+    cfg.hidden_size = o.hidden;
+    cfg.moe_intermediate_size = o.inter;
+    cfg.n_experts = o.experts;
+    cfg.top_k = o.topk;
+    cfg.shared_intermediate_size = o.shared_inter;
+  } else {
+    MOE_CHECK(o.hidden == 0 && o.inter == 0 && o.experts == 0 && o.topk == 0 && o.shared_inter < 0,
+              "--hidden/--inter/--experts/--topk/--shared-inter need --shape custom (the preset '{}' fixes them)",
+              o.shape);
+    for (const auto& s : kShapes)
+      if (o.shape == s.name) {
+        cfg.hidden_size = s.hidden;
+        cfg.moe_intermediate_size = s.inter;
+        cfg.n_experts = s.experts;
+        cfg.top_k = s.topk;
+        cfg.shared_intermediate_size = s.shared_inter;
+      }
+  }
+  cfg.shared_intermediate_size = std::max<int64_t>(cfg.shared_intermediate_size, 0);
+  cfg.routing.scoring = Scoring::Softmax;
+  cfg.routing.renormalize = true;
+  cfg.validate();
+  return cfg;
+}
+
+Tensor random_tensor(const Shape& shape, float scale, uint64_t seed, DType dtype) {
+  Tensor t = Tensor::empty(shape, DType::F32);
+  float* p = t.data<float>();
+  const int64_t n = t.numel();
+  Rng r{seed};
+  for (int64_t i = 0; i < n; ++i) p[i] = r.uniform() * scale;
+  if (dtype == DType::BF16)
+    for (int64_t i = 0; i < n; ++i) p[i] = round_bf16(p[i]);
+  return t;
+}
+
+std::pair<Tensor, Tensor> expert_weights(const MoeConfig& cfg, int64_t e, DType dtype) {
+  const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size;
+  // Uniform with scale sqrt(3 / fan_in) has variance 1 / fan_in: activations stay O(1).
+  return {random_tensor({2 * I, H}, std::sqrt(3.f / H), 100 + 2 * e, dtype),
+          random_tensor({H, I}, std::sqrt(3.f / I), 101 + 2 * e, dtype)};
+}
+
+MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, int64_t end, int tp_rank, int tp) {
+  const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts;
+  MOE_CHECK(I % tp == 0, "--tp {} does not divide the intermediate size {}", tp, I);
+  const int64_t Il = I / tp, i0 = tp_rank * Il;
+  MoeLayerWeights w;
+  w.expert_begin = begin;
+  w.expert_end = end;
+  w.gate = make_packed_experts(1, E, H, DType::F32, false);
+  // Gate scale 4/sqrt(H): logits of a few units, so routing is far from uniform.
+  pack_expert(w.gate, 0, random_tensor({E, H}, 4.f / std::sqrt(float(H)), 1));
+  w.w13 = make_packed_experts(end - begin, 2 * Il, H, dtype, true);
+  w.w2 = make_packed_experts(end - begin, H, Il, dtype, false);
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t e = begin; e < end; ++e) {
+    const auto [w13, w2] = expert_weights(cfg, e, DType::F32);
+    pack_expert(w.w13, e - begin, tp == 1 ? w13 : gate_up_slice(w13, I, i0, i0 + Il));
+    pack_expert(w.w2, e - begin, tp == 1 ? w2 : column_slice(w2, i0, i0 + Il));
+  }
+  if (cfg.shared_intermediate_size > 0) {
+    const int64_t S = cfg.shared_intermediate_size;
+    GatedMlpWeights s;
+    s.act = cfg.act;
+    s.w13 = make_packed_experts(1, 2 * S, H, dtype, true);
+    s.w2 = make_packed_experts(1, H, S, dtype, false);
+    pack_expert(s.w13, 0, random_tensor({2 * S, H}, std::sqrt(3.f / H), 7));
+    pack_expert(s.w2, 0, random_tensor({H, S}, std::sqrt(3.f / S), 8));
+    w.shared = std::move(s);
+  }
+  return w;
+}
+
+std::string check_sample(const MoeConfig& cfg, const MoeLayerWeights& w, const Tensor& x, const Tensor& y, DType dtype,
+                         bool* ok) {
+  const Tensor ref =
+      moe_reference(cfg, w, x, [&](int64_t e) { return expert_weights(cfg, e, dtype); });
+  // bf16: vLLM's CPU MoE bounds (the reference rounds like the kernels); f32: only
+  // summation order differs.
+  const bool bf16 = dtype == DType::BF16;
+  const double atol = bf16 ? 1e-3 : 1e-5, rtol = bf16 ? 1.6e-2 : 1e-4;
+  double max_abs = 0;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double d = std::fabs(double(y.data<float>()[i]) - ref.data<float>()[i]);
+    max_abs = std::max(max_abs, d);
+    if (!(d <= atol + rtol * std::fabs(ref.data<float>()[i]))) ++bad;
+  }
+  *ok = bad == 0;
+  return fmt::format("{} ({} tokens, max|diff| {:.1e})", bad == 0 ? "ok" : "FAILED", x.dim(0), max_abs);
+}
+
+}  // namespace moe::bench
