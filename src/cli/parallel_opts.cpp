@@ -63,6 +63,8 @@ std::string ParallelOptions::flags_string() const {
 
 Communicator& parallel_world(const ParallelOptions& o) {
   const bool want = o.par.ep * o.par.tp > 1 || o.par.dp > 1;
+  MOE_CHECK(!want || launched_by_mpi(), "{} needs {} ranks: start it as mpirun -np {} moe-ep ...", to_string(o.par),
+            o.par.ep * o.par.tp, o.par.ep * o.par.tp);
   Communicator& world = world_comm(want);
   world.set_timeout(o.comm_timeout);
   validate_parallel_config(o.par, world.size());

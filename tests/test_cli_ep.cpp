@@ -1,0 +1,111 @@
+// `moe-ep layer` under mpirun: the contract of the single-rank verb holds for every
+// strategy and layout, and bad layouts are clear errors on every rank.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "loader/safetensors.h"
+#include "test_util.h"
+
+namespace moe {
+namespace {
+
+// Environment for mpirun as root on a small machine (CI runs as root on 2 cores).
+const std::string kMpirun =
+    "OMP_WAIT_POLICY=PASSIVE OMPI_MCA_mpi_yield_when_idle=1 timeout 120 mpirun --oversubscribe --allow-run-as-root ";
+
+std::string fixture(const std::string& name) { return test::fixtures_dir() + "/" + name; }
+
+std::string layer_cmd(const std::string& model, int layer, const std::string& in, const std::string& out,
+                      const std::string& extra) {
+  return std::string(MOE_EP_BINARY) + " layer --quiet --model " + model + " --layer " + std::to_string(layer) +
+         " --input " + in + " --output " + out + " " + extra;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+Tensor read_y(const std::string& path) { return SafetensorsFile::open(path)->view("hidden_states").clone(); }
+
+struct EpRun {
+  int np;
+  std::string flags;
+  bool bitwise;  // alltoall family with tp = 1: identical bytes to the single-rank output
+};
+
+TEST(CliEp, EveryLayoutWritesTheSingleRankOutput) {
+  test::TempDir tmp;
+  const std::vector<EpRun> runs = {
+      {2, "--ep 2 --moe-comm alltoall", true},
+      {2, "--ep 2 --moe-comm alltoall-ll --max-tokens-per-rank 32", true},
+      {3, "--ep 3 --moe-comm alltoall --moe-chunk-tokens 4", true},
+      {2, "--ep 2 --moe-comm allreduce", false},
+      {2, "--ep 2 --moe-comm allgather --dp 2 --dp-tokens 0,33", false},
+      {4, "--ep 2 --tp 2 --moe-comm alltoall", false},
+      {4, "--ep 4 --dp 4 --dp-tokens 5,0,28,0 --moe-comm auto", true},
+  };
+  for (const std::string& name : {std::string("deepseek_v3"), std::string("qwen2_moe")}) {
+    const std::string model = fixture(name), in = model + "/golden/L1_T33_in.safetensors";
+    std::string log;
+    ASSERT_EQ(test::run_command(layer_cmd(model, 1, in, tmp / "single.safetensors", ""), &log), 0) << log;
+    const std::string single = read_file(tmp / "single.safetensors");
+    for (const EpRun& r : runs) {
+      SCOPED_TRACE(name + ": -np " + std::to_string(r.np) + " " + r.flags);
+      const std::string out = tmp / "ep.safetensors";
+      const int rc = test::run_command(kMpirun + "-np " + std::to_string(r.np) + " " +
+                                           layer_cmd(model, 1, in, out, r.flags + " --dtype f32"),
+                                       &log);
+      ASSERT_EQ(rc, 0) << log;
+      if (r.bitwise) {
+        EXPECT_EQ(read_file(out), single) << "the output is not bitwise identical to one rank";
+      } else {
+        EXPECT_TRUE(test::all_close(read_y(out), read_y(tmp / "single.safetensors"), {1e-5, 1e-5}));
+      }
+    }
+  }
+}
+
+TEST(CliEp, RanksThatDisagreeStopWithAMessage) {
+  test::TempDir tmp;
+  const std::string model = fixture("mixtral"), in = model + "/golden/L1_T7_in.safetensors";
+  std::string log;
+  // Two ranks started with different flags (MPMD): every rank names the field.
+  const int rc = test::run_command(kMpirun + "-np 1 " + layer_cmd(model, 1, in, tmp / "y.safetensors", "--ep 2") +
+                                       " : -np 1 " +
+                                       layer_cmd(model, 1, in, tmp / "y.safetensors", "--ep 2 --moe-chunk-tokens 4"),
+                                   &log);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(log.find("ranks disagree on 'flags'"), std::string::npos) << log;
+  EXPECT_NE(log.find("--moe-chunk-tokens 4"), std::string::npos) << log;
+}
+
+TEST(CliEp, BadLayoutsAreClearErrors) {
+  test::TempDir tmp;
+  const std::string model = fixture("mixtral"), in = model + "/golden/L1_T7_in.safetensors";
+  std::string log;
+  EXPECT_EQ(test::run_command(layer_cmd(model, 1, in, tmp / "y.safetensors", "--ep 2"), &log), 1);
+  EXPECT_NE(log.find("mpirun -np 2"), std::string::npos) << log;
+  EXPECT_NE(test::run_command(kMpirun + "-np 2 " + layer_cmd(model, 1, in, tmp / "y.safetensors", "--ep 4"), &log), 0);
+  EXPECT_NE(log.find("--ep 4 --tp 1 needs 4 ranks"), std::string::npos) << log;
+  EXPECT_NE(test::run_command(kMpirun + "-np 2 " + layer_cmd(model, 1, in, tmp / "y.safetensors",
+                                                             "--ep 2 --moe-comm allreduce --dp 2"),
+                              &log),
+            0);
+  EXPECT_NE(log.find("allreduce needs every rank to hold the same tokens"), std::string::npos) << log;
+  EXPECT_NE(test::run_command(kMpirun + "-np 2 " + layer_cmd(model, 1, in, tmp / "y.safetensors",
+                                                             "--ep 2 --dp 2 --dp-tokens 3,3"),
+                              &log),
+            0);
+  EXPECT_NE(log.find("--dp-tokens sums to 6, but the input has 7 tokens"), std::string::npos) << log;
+  // mixtral's I = 24 does not split 5 ways... use a TP that does not divide I.
+  test::TempDir t2;
+  const std::string m2 = fixture("qwen2_moe"), in2 = m2 + "/golden/L1_T7_in.safetensors";
+  EXPECT_NE(test::run_command(kMpirun + "-np 3 " + layer_cmd(m2, 1, in2, t2 / "y.safetensors", "--ep 1 --tp 3"), &log),
+            0);
+  EXPECT_NE(log.find("--tp 3 does not divide"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace moe
