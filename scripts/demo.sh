@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job: builds moe-ep, runs the MoE block of a small Qwen3-MoE
 # model that ships with the repo (tests/fixtures/qwen3_moe, made by transformers)
-# and checks it against transformers' own output, then benchmarks a layer of
-# Qwen3-30B-A3B's shape on this machine.
+# and checks it against transformers' own output, runs it on 2 ranks with expert
+# parallelism, then benchmarks a layer of Qwen3-30B-A3B's shape on this machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -25,5 +25,16 @@ for run in "f32 1e-5 1e-5" "bf16 2e-2 1.6e-2"; do
 done
 
 echo
-echo "== 2. One Qwen3-30B-A3B-shaped MoE layer (H=2048, I=768, E=128, k=8), random bf16 weights"
+echo "== 2. The same block on 2 ranks, each holding half of the 60 experts (--ep 2, all-to-all)"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=PASSIVE
+mpirun -np 2 --oversubscribe $BIN layer --model $MODEL --layer 2 --input $MODEL/golden/L2_T33_in.safetensors \
+  --output "$OUT/y_ep2.safetensors" --dtype bf16 --ep 2 --moe-comm alltoall
+if cmp -s "$OUT/y_ep2.safetensors" "$OUT/y_bf16.safetensors"; then
+  echo "2 ranks vs 1 rank: bitwise identical output"
+else
+  echo "2 ranks vs 1 rank: outputs DIFFER"; exit 1
+fi
+
+echo
+echo "== 3. One Qwen3-30B-A3B-shaped MoE layer (H=2048, I=768, E=128, k=8), random bf16 weights"
 $BIN bench --shape qwen3-30b-a3b --tokens 1,16,128 --dtype bf16 --seconds 1

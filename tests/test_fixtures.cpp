@@ -128,8 +128,9 @@ TEST(Fixtures, RoutingMatchesTransformers) {
       for (int64_t j = 0; j < k; ++j) {
         // Same expert, same weight (transformers may order equal picks differently).
         for (int64_t jj = 0; jj < k; ++jj)
-          if (ids.data<int64_t>()[t * k + jj] == r.ids[t * k + j])
+          if (ids.data<int64_t>()[t * k + jj] == r.ids[t * k + j]) {
             EXPECT_NEAR(r.weights[t * k + j], w.data<float>()[t * k + jj], 1e-6);
+          }
       }
     }
     ++checked;

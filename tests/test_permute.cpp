@@ -35,7 +35,9 @@ TEST(Permute, GenIdxIsAStableInvertibleSortByExpert) {
       ASSERT_EQ(idx.offsets[e + 1] - idx.offsets[e], want);
       for (int64_t p = idx.offsets[e]; p < idx.offsets[e + 1]; ++p) {
         ASSERT_EQ(ids[idx.sorted_slot[p]], e) << "position " << p << " is not expert " << e;
-        if (p > idx.offsets[e]) ASSERT_LT(idx.sorted_slot[p - 1], idx.sorted_slot[p]) << "not stable";
+        if (p > idx.offsets[e]) {
+          ASSERT_LT(idx.sorted_slot[p - 1], idx.sorted_slot[p]) << "not stable";
+        }
       }
     }
     for (int64_t s = 0; s < T * k; ++s) {

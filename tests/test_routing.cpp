@@ -121,7 +121,9 @@ TEST(Routing, PropertiesHold) {
         const double want = c.cfg.renormalize ? s[e] / raw_sum * c.cfg.scaling : s[e] * c.cfg.scaling;
         ASSERT_NEAR(r.w[t * c.k + j], want, 1e-5 * std::max(1.0, want));
       }
-      if (c.cfg.renormalize) ASSERT_NEAR(sum, c.cfg.scaling, 1e-5);
+      if (c.cfg.renormalize) {
+        ASSERT_NEAR(sum, c.cfg.scaling, 1e-5);
+      }
       // Selection: no unchosen allowed expert beats a chosen one on the choice score.
       std::vector<float> choice(c.E);
       for (int64_t e = 0; e < c.E; ++e) choice[e] = s[e] + (c.cfg.use_correction_bias ? b[e] : 0.f);
@@ -136,7 +138,9 @@ TEST(Routing, PropertiesHold) {
         }
         std::sort(gs.begin(), gs.end(), [](auto& a, auto& b2) { return a.first > b2.first; });
         for (int64_t i = 0; i < c.cfg.topk_group; ++i) allowed_groups.insert(gs[i].second);
-        for (int32_t e : uniq) ASSERT_TRUE(allowed_groups.count(e / per)) << "expert " << e << " in a masked group";
+        for (int32_t e : uniq) {
+          ASSERT_TRUE(allowed_groups.count(e / per)) << "expert " << e << " in a masked group";
+        }
       }
       float worst_chosen = std::numeric_limits<float>::infinity();
       for (int32_t e : uniq) worst_chosen = std::min(worst_chosen, choice[e]);

@@ -150,7 +150,7 @@ void MoeLayer::shared_experts(const Tensor& x, float* y, bool accumulate) {
 }
 
 void MoeLayer::routed_partial(const Tensor& x, const Routing& r, float* y) {
-  const int64_t T = x.dim(0), H = cfg_.hidden_size;
+  const int64_t H = cfg_.hidden_size;
   const int64_t b = w_.expert_begin, e = w_.expert_end;
   const int64_t rows = r.index.rows_in(b, e);
   const DType ct = compute_dtype();
@@ -190,7 +190,7 @@ void MoeLayer::routed_partial(const Tensor& x, const Routing& r, float* y) {
   cp.index = &r.index;
   cp.hidden = H;
   cp.y = y;
-  MOE_DCHECK(r.index.n_tokens == T);
+  MOE_DCHECK(r.index.n_tokens == x.dim(0));
   combine(cp);
 }
 

@@ -19,7 +19,6 @@ class AllGather final : public MoeStrategy {
     using dispatch::ScopedTimer;
     MoeLayer& layer = ep_.local();
     Communicator& comm = ep_.comm();
-    const MoeLayerWeights& w = layer.weights();
     const int R = comm.size();
     const int64_t T = x.dim(0), H = layer.config().hidden_size, k = layer.config().top_k, E = layer.config().n_experts;
     const DType ct = layer.compute_dtype();

@@ -17,7 +17,6 @@ class AllReduce final : public MoeStrategy {
   void forward(const Tensor& x, float* y, EpStats& st) override {
     using dispatch::ScopedTimer;
     MoeLayer& layer = ep_.local();
-    const MoeLayerWeights& w = layer.weights();
     const int64_t T = x.dim(0), H = layer.config().hidden_size;
     {
       ScopedTimer timer(st.compute_s);
