@@ -1,8 +1,243 @@
-// `moe-ep inspect`: checkpoint inventory and per-rank read plan (the loader issue).
+// `moe-ep inspect`: what a checkpoint holds, whether it is complete, and what each
+// rank of an --ep/--tp layout reads. One process computes the plan for every rank;
+// --load then really loads each MLP layer's share (rank 0, or every rank in turn)
+// and reports the time and GB/s next to the bytes the plan predicted.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+
 #include "cli/verbs.h"
+#include "core/check.h"
+#include "loader/checkpoint.h"
+#include "loader/inventory.h"
+#include "loader/moe_weights.h"
+#include "loader/progress.h"
+#include "moe/config.h"
+#include "moe/placement.h"
 
 namespace moe {
 
-std::vector<Verb> add_inspect_verbs(CLI::App&) { return {}; }
+namespace {
+
+struct InspectOptions {
+  std::string model_dir;
+  int ep = 1, tp = 1;
+  bool strict = false;
+  bool load = false;
+  bool all_ranks = false;
+  std::string dtype = "bf16";
+  std::string json_path;
+};
+
+std::string gb(uint64_t b) {
+  if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
+  if (b >= (1ull << 20)) return fmt::format("{:.2f} MiB", b / double(1ull << 20));
+  if (b >= (1ull << 10)) return fmt::format("{:.1f} KiB", b / double(1ull << 10));
+  return fmt::format("{} B", b);
+}
+
+struct LoadResult {
+  int rank = 0;
+  uint64_t bytes_touched = 0, planned = 0;
+  double seconds = 0;
+};
+
+// Loads rank `p`'s share of every MLP layer (and copies every other non-expert
+// tensor once, as the model would), on a fresh Checkpoint so bytes are per rank.
+LoadResult load_rank(const InspectOptions& o, const MoeConfig& cfg, const RankPlan& p, DType compute) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Checkpoint ck = Checkpoint::open(o.model_dir);
+  Progress progress(fmt::format("moe-ep inspect: loading rank {}", p.rank), p.read_bytes());
+  MlpLoadOptions opt;
+  opt.compute = compute;
+  opt.expert_begin = p.expert_begin;
+  opt.expert_end = p.expert_end;
+  opt.tp_rank = p.tp_rank;
+  opt.tp_size = o.tp;
+  opt.strict = o.strict;
+  opt.warn = [](const std::string&) {};  // reported once by the check above
+  opt.progress = &progress;
+  std::vector<std::string> mlp_keys_read;
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    if (cfg.is_moe_layer(l)) {
+      MoeLayerWeights w = load_moe_layer(ck, cfg, l, opt);
+      (void)w;
+    } else {
+      GatedMlpWeights w = load_dense_mlp(ck, cfg, l, opt);
+      (void)w;
+    }
+    for (const LayerRead& r : mlp_layer_reads(ck, cfg, l, opt)) {
+      mlp_keys_read.push_back(r.key);
+      if (r.role != LayerRead::ExpertGate && r.role != LayerRead::ExpertUp && r.role != LayerRead::ExpertDown &&
+          r.role != LayerRead::FusedGateUp && r.role != LayerRead::FusedDown)
+        progress.advance(ck.info(r.key).nbytes);
+    }
+  }
+  std::sort(mlp_keys_read.begin(), mlp_keys_read.end());
+  for (const std::string& k : ck.keys()) {
+    if (classify_tensor(k) == TensorKind::Experts) continue;  // only the rank's own, above
+    if (std::binary_search(mlp_keys_read.begin(), mlp_keys_read.end(), k)) continue;
+    const Tensor t = ck.view(k).clone();
+    progress.advance(t.nbytes());
+  }
+  progress.finish();
+  LoadResult r;
+  r.rank = p.rank;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.bytes_touched = ck.bytes_touched() + ck.header_bytes_opened();
+  r.planned = p.read_bytes();
+  return r;
+}
+
+int run_inspect(const InspectOptions& o) {
+  Checkpoint ck = Checkpoint::open(o.model_dir);
+  MoeConfig cfg;
+  try {
+    cfg = MoeConfig::from_hf(ck.config());
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} (in {}/config.json)", e.what(), o.model_dir));
+  }
+  const DType compute = parse_dtype(o.dtype);
+  const Inventory inv = take_inventory(ck);
+  const std::vector<TensorProblem> problems = check_checkpoint(ck, cfg);
+  const std::vector<RankPlan> plans = read_plan(ck, cfg, inv, o.ep, o.tp, compute);
+
+  int64_t n_moe = 0;
+  std::string moe_layers;
+  for (int64_t l = 0; l < cfg.n_layers; ++l)
+    if (cfg.is_moe_layer(l)) {
+      ++n_moe;
+      if (moe_layers.size() < 60) moe_layers += (moe_layers.empty() ? "" : ",") + std::to_string(l);
+    }
+  fmt::print("moe-ep inspect: {}\n", o.model_dir);
+  fmt::print("  model:   {}\n", cfg.summary());
+  fmt::print("  layers:  {} ({} MoE: {}{}; {} dense)\n", cfg.n_layers, n_moe, moe_layers,
+             moe_layers.size() >= 60 ? ",..." : "", cfg.n_layers - n_moe);
+  fmt::print("  files:   {} file{}, {} ({} of headers), {} tensors, {} of tensor data\n", inv.n_files,
+             inv.n_files == 1 ? "" : "s", gb(inv.file_bytes), gb(inv.header_bytes), inv.n_tensors,
+             gb(inv.tensor_bytes));
+  fmt::print("  tensors by kind:\n    {:<16} {:>8} {:>14} {:>7}\n", "kind", "count", "bytes", "share");
+  for (const auto& [kind, t] : inv.kinds)
+    fmt::print("    {:<16} {:>8} {:>14} {:>6.1f}%\n", tensor_kind_name(kind), t.count, gb(t.bytes),
+               inv.tensor_bytes ? 100.0 * t.bytes / inv.tensor_bytes : 0.0);
+  fmt::print("  read plan for --ep {} --tp {} ({} rank{}; non-expert tensors replicated, experts at --dtype {} in "
+             "memory):\n",
+             o.ep, o.tp, plans.size(), plans.size() == 1 ? "" : "s", dtype_name(compute));
+  fmt::print("    {:>4} {:>3} {:>3} {:>12} {:>12} {:>12} {:>12} {:>7} {:>14}\n", "rank", "ep", "tp", "experts",
+             "non-expert", "experts", "read", "of file", "expert memory");
+  const size_t shown = std::min<size_t>(plans.size(), 16);
+  for (size_t i = 0; i < shown; ++i) {
+    const RankPlan& p = plans[i];
+    fmt::print("    {:>4} {:>3} {:>3} {:>12} {:>12} {:>12} {:>12} {:>6.1f}% {:>14}\n", p.rank, p.ep_rank, p.tp_rank,
+               fmt::format("[{},{})", p.expert_begin, p.expert_end), gb(p.non_expert_bytes), gb(p.expert_bytes),
+               gb(p.read_bytes()), inv.file_bytes ? 100.0 * p.read_bytes() / inv.file_bytes : 0.0,
+               gb(p.resident_expert_bytes));
+  }
+  if (shown < plans.size()) fmt::print("    ... ({} ranks in all)\n", plans.size());
+
+  size_t n_errors = 0, n_unexpected = 0;
+  for (const auto& p : problems) (p.kind == TensorProblem::Unexpected ? n_unexpected : n_errors)++;
+  if (problems.empty()) {
+    fmt::print("  problems: none (every MLP tensor present with the expected shape; nothing unexpected)\n");
+  } else {
+    fmt::print("  problems: {} missing/mis-shaped, {} unexpected{}\n", n_errors, n_unexpected,
+               n_unexpected && !o.strict ? " (warnings; --strict makes them errors)" : "");
+    for (const auto& p : problems)
+      fmt::print("    {}: {}\n", p.kind == TensorProblem::Unexpected ? (o.strict ? "error" : "warning") : "error",
+                 p.message);
+  }
+
+  std::vector<LoadResult> loads;
+  const bool ok = n_errors == 0 && (n_unexpected == 0 || !o.strict);
+  if (o.load && ok) {
+    for (size_t i = 0; i < (o.all_ranks ? plans.size() : 1); ++i) {
+      loads.push_back(load_rank(o, cfg, plans[i], compute));
+      const LoadResult& r = loads.back();
+      fmt::print("  load rank {}: read {} (plan {}) in {:.3f} s: {:.2f} GB/s\n", r.rank, gb(r.bytes_touched),
+                 gb(r.planned), r.seconds, r.seconds > 0 ? r.bytes_touched / r.seconds / 1e9 : 0.0);
+    }
+  }
+
+  if (!o.json_path.empty()) {
+    nlohmann::ordered_json j;
+    j["model_dir"] = o.model_dir;
+    j["model_type"] = cfg.model_type;
+    j["summary"] = cfg.summary();
+    j["hyperparameters"] = {{"hidden_size", cfg.hidden_size},         {"num_layers", cfg.n_layers},
+                            {"n_experts", cfg.n_experts},             {"top_k", cfg.top_k},
+                            {"moe_intermediate_size", cfg.moe_intermediate_size},
+                            {"shared_intermediate_size", cfg.shared_intermediate_size},
+                            {"dense_intermediate_size", cfg.dense_intermediate_size}, {"moe_layers", n_moe}};
+    j["files"] = {{"count", inv.n_files}, {"bytes", inv.file_bytes}, {"header_bytes", inv.header_bytes},
+                  {"tensors", inv.n_tensors}, {"tensor_bytes", inv.tensor_bytes}};
+    auto& kinds = j["kinds"] = nlohmann::ordered_json::object();
+    for (const auto& [kind, t] : inv.kinds) kinds[tensor_kind_name(kind)] = {{"count", t.count}, {"bytes", t.bytes}};
+    j["layout"] = {{"ep", o.ep}, {"tp", o.tp}, {"dtype", dtype_name(compute)}};
+    auto& pj = j["ranks"] = nlohmann::ordered_json::array();
+    for (const RankPlan& p : plans)
+      pj.push_back({{"rank", p.rank}, {"ep_rank", p.ep_rank}, {"tp_rank", p.tp_rank},
+                    {"experts", {p.expert_begin, p.expert_end}}, {"non_expert_bytes", p.non_expert_bytes},
+                    {"expert_bytes", p.expert_bytes}, {"header_bytes", p.header_bytes},
+                    {"read_bytes", p.read_bytes()}, {"resident_expert_bytes", p.resident_expert_bytes}});
+    auto& prj = j["problems"] = nlohmann::ordered_json::array();
+    for (const auto& p : problems)
+      prj.push_back({{"kind", p.kind == TensorProblem::Missing      ? "missing"
+                              : p.kind == TensorProblem::WrongShape ? "shape"
+                              : p.kind == TensorProblem::WrongDType ? "dtype"
+                                                                    : "unexpected"},
+                     {"key", p.key}, {"message", p.message}});
+    auto& lj = j["loads"] = nlohmann::ordered_json::array();
+    for (const auto& r : loads)
+      lj.push_back({{"rank", r.rank}, {"bytes_read", r.bytes_touched}, {"planned_bytes", r.planned},
+                    {"seconds", r.seconds}, {"gb_per_s", r.seconds > 0 ? r.bytes_touched / r.seconds / 1e9 : 0.0}});
+    std::ofstream out(o.json_path);
+    MOE_CHECK(out.good(), "--json {}: cannot write the file", o.json_path);
+    out << j.dump(2) << "\n";
+    MOE_CHECK(out.good(), "--json {}: write failed", o.json_path);
+  }
+
+  MOE_CHECK(n_errors == 0, "{}: {} missing or mis-shaped tensor{} (listed above); first: {}", o.model_dir, n_errors,
+            n_errors == 1 ? "" : "s", [&] {
+              for (const auto& p : problems)
+                if (p.kind != TensorProblem::Unexpected) return p.message;
+              return std::string();
+            }());
+  MOE_CHECK(n_unexpected == 0 || !o.strict, "{}: {} unexpected tensor{} (--strict); first: {}", o.model_dir,
+            n_unexpected, n_unexpected == 1 ? "" : "s", problems.front().message);
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Verb> add_inspect_verbs(CLI::App& app) {
+  auto o = std::make_shared<InspectOptions>();
+  CLI::App* c = app.add_subcommand(
+      "inspect",
+      "Inventory of a Hugging Face MoE checkpoint: family and hyperparameters, tensors by kind, the bytes each rank "
+      "of an --ep/--tp layout reads, and every missing or unexpected tensor (exit 1 if any is missing)");
+  c->add_option("--model", o->model_dir, "Model directory: config.json and *.safetensors")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  c->add_option("--ep", o->ep, "Expert-parallel size to plan for (no mpirun needed)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  c->add_option("--tp", o->tp, "MoE tensor-parallel size to plan for (splits each expert's I)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  c->add_flag("--strict", o->strict, "Unexpected tensors (keys the family's name map does not use) are errors");
+  c->add_flag("--load", o->load,
+              "Also load rank 0's share of every MLP layer (and copy the other non-expert tensors) and report the "
+              "time and GB/s");
+  c->add_flag("--all-ranks", o->all_ranks, "With --load: load every rank's share in turn");
+  c->add_option("--dtype", o->dtype, "Compute dtype of the loaded expert weights: f32 or bf16")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  c->add_option("--json", o->json_path, "Also write the report as JSON to this file");
+  return {{c, [o] { return run_inspect(*o); }}};
+}
 
 }  // namespace moe

@@ -81,12 +81,13 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
   if (R == 1) {
     std::optional<MoeLayer> moe_layer;
     std::optional<GatedMlpWeights> dense;
+    MlpLoadOptions lo;
+    lo.compute = opt.dtype;
+    lo.strict = opt.strict;
     if (is_moe) {
-      MlpLoadOptions lo;
-      lo.compute = opt.dtype;
       moe_layer.emplace(cfg, load_moe_layer(ck, cfg, opt.layer, lo));
     } else {
-      dense = load_dense_mlp(ck, cfg, opt.layer, opt.dtype);
+      dense = load_dense_mlp(ck, cfg, opt.layer, lo);
     }
     load_s = seconds_since(t0);
     const auto t1 = std::chrono::steady_clock::now();
@@ -114,6 +115,8 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
     lo.expert_end = placement.end(groups.ep_rank());
     lo.tp_rank = groups.tp_rank();
     lo.tp_size = po.par.tp;
+    lo.strict = opt.strict;
+    if (rank != 0) lo.warn = [](const std::string&) {};  // warn once, not once per rank
     EpOptions eo = po.ep_options();
     EpMoeLayer ep(MoeLayer(cfg, load_moe_layer(ck, cfg, opt.layer, lo)), world, placement, eo);
     load_s = seconds_since(t0);
@@ -161,6 +164,9 @@ Verb add_layer_verb(CLI::App& app) {
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   lc->add_flag("--quiet", opt->quiet, "Print nothing on success");
+  lc->add_flag("--strict", opt->strict,
+               "Unexpected tensors in the layer's MLP block (keys the family's name map does not use) are errors, "
+               "not warnings");
   lc->add_option("--dp-tokens", opt->dp_tokens,
                  "Rows of the input per DP replica, comma separated (uneven counts and zeros allowed; "
                  "default: an even split)")

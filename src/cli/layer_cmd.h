@@ -22,6 +22,7 @@ struct LayerCmdOptions {
   std::string output;
   DType dtype = DType::F32;  // compute dtype of the weights: f32 or bf16
   bool quiet = false;
+  bool strict = false;  // unexpected tensors in the layer's MLP block are errors
   ParallelOptions parallel;
   std::vector<int64_t> dp_tokens;  // rows per DP replica (uneven, zeros allowed)
 };

@@ -14,6 +14,7 @@
 #include "core/cpu.h"
 #include "kernels/grouped_gemm_generic.h"
 #include "kernels/grouped_gemm_impl.h"
+#include "kernels/quant.h"
 
 namespace moe {
 
@@ -34,8 +35,8 @@ void advise_huge_pages(void* data, size_t bytes) {
 }
 
 PackedExperts make_packed_experts(int64_t n_experts, int64_t n, int64_t k, DType dtype, bool gated) {
-  MOE_CHECK(dtype == DType::F32 || dtype == DType::BF16, "packed experts: dtype must be f32 or bf16, got {}",
-            dtype_name(dtype));
+  MOE_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::I8,
+            "packed experts: dtype must be f32, bf16 or i8, got {}", dtype_name(dtype));
   MOE_CHECK(n_experts >= 0 && n > 0 && k > 0, "packed experts: bad shape E={} n={} k={}", n_experts, n, k);
   MOE_CHECK(!gated || n % 2 == 0, "packed experts: gated weights need an even n (gate + up rows), got n={}", n);
   PackedExperts p;
@@ -50,29 +51,17 @@ PackedExperts make_packed_experts(int64_t n_experts, int64_t n, int64_t k, DType
   // Zeroed (after the advice, so the first touch faults in huge pages) so the padding
   // columns and the padding k of an odd K read as 0.
   std::memset(p.data.raw(), 0, p.data.nbytes());
+  if (dtype == DType::I8) gg::alloc_q8(p);
   return p;
 }
 
-namespace {
-
-// Logical row of W (gate rows then up rows) held by column j of panel P; -1 = padding.
-int64_t panel_col_to_row(const PackedExperts& p, int64_t P, int j) {
-  if (p.gated) {
-    const int64_t half = p.n / 2;
-    const int64_t c = P * kGateCols + (j % kGateCols);
-    if (c >= half) return -1;
-    return j < kGateCols ? c : half + c;
-  }
-  const int64_t r = P * kPanel + j;
-  return r < p.n ? r : -1;
-}
-
-}  // namespace
+using gg::panel_col_to_row;
 
 void pack_expert(PackedExperts& p, int64_t e, const Tensor& w) {
   MOE_CHECK(0 <= e && e < p.n_experts, "pack_expert: expert {} out of range [0, {})", e, p.n_experts);
   MOE_CHECK(w.ndim() == 2 && w.dim(0) == p.n && w.dim(1) == p.k, "pack_expert: expected weight [{}, {}], got {}",
             p.n, p.k, w.describe());
+  if (p.dtype == DType::I8) return gg::pack_expert_i8(p, e, w);
   const Tensor wf = w.dtype() == DType::F32 && w.is_contiguous() ? w : w.to(DType::F32);
   const float* src = wf.data<float>();
   const int64_t np = gg::n_panels(p.n, p.gated), pe = gg::panel_elems(p.k, p.dtype), K = p.k;
@@ -94,6 +83,7 @@ void pack_expert(PackedExperts& p, int64_t e, const Tensor& w) {
 
 Tensor unpack_expert(const PackedExperts& p, int64_t e) {
   MOE_CHECK(0 <= e && e < p.n_experts, "unpack_expert: expert {} out of range [0, {})", e, p.n_experts);
+  if (p.dtype == DType::I8) return gg::unpack_expert_i8(p, e);
   Tensor out = Tensor::zeros({p.n, p.k}, DType::F32);
   float* dst = out.data<float>();
   const int64_t np = gg::n_panels(p.n, p.gated), pe = gg::panel_elems(p.k, p.dtype), K = p.k;
@@ -129,8 +119,12 @@ namespace {
 void check_params(const GroupedGemmParams& p) {
   MOE_CHECK(p.w != nullptr, "grouped_gemm: no weights");
   const PackedExperts& w = *p.w;
-  MOE_CHECK(w.dtype == DType::F32 || w.dtype == DType::BF16, "grouped_gemm: weights must be f32 or bf16");
-  MOE_CHECK(p.c_dtype == DType::F32 || p.c_dtype == DType::BF16, "grouped_gemm: c_dtype must be f32 or bf16, got {}",
+  MOE_CHECK(w.dtype == DType::F32 || w.dtype == DType::BF16 || w.dtype == DType::I8,
+            "grouped_gemm: weights must be f32, bf16 or i8");
+  MOE_CHECK(p.c_dtype == DType::F32 || p.c_dtype == DType::BF16 ||
+                (p.c_dtype == DType::I32 && w.dtype == DType::I8 && p.act == Activation::None),
+            "grouped_gemm: c_dtype must be f32 or bf16 (i32: raw accumulators of i8 weights without activation), "
+            "got {}",
             dtype_name(p.c_dtype));
   MOE_CHECK(p.act == Activation::None || w.gated, "grouped_gemm: an activation needs gated (W13) weights");
   MOE_CHECK(p.offsets != nullptr, "grouped_gemm: no offsets");
@@ -140,7 +134,8 @@ void check_params(const GroupedGemmParams& p) {
               p.offsets[e], p.offsets[e + 1]);
   if (p.offsets[w.n_experts] > p.offsets[0]) {
     MOE_CHECK(p.a != nullptr && p.c != nullptr, "grouped_gemm: null a or c");
-    MOE_CHECK(p.lda >= w.k, "grouped_gemm: lda {} < k {}", p.lda, w.k);
+    MOE_CHECK(p.lda >= (w.dtype == DType::I8 ? q8_row_bytes(w.k) : w.k), "grouped_gemm: lda {} too small for k {}",
+              p.lda, w.k);
     MOE_CHECK(p.ldc >= w.n_out(), "grouped_gemm: ldc {} < n_out {}", p.ldc, w.n_out());
   }
 }
@@ -162,6 +157,12 @@ gg::Job make_job(const GroupedGemmParams& p) {
   j.c = static_cast<char*>(p.c);
   j.ldc_bytes = p.ldc * dtype_size(p.c_dtype);
   j.c_dtype = p.c_dtype;
+  if (w.dtype == DType::I8) {
+    j.w_scale = w.w_scale.data<float>();
+    j.w_comp = w.w_comp.data<int32_t>();
+    j.q_stride = gg::n_panels(w.n, w.gated) * kPanel;
+    j.a_scale_off = q8_scale_offset(w.k);
+  }
   return j;
 }
 
@@ -169,6 +170,8 @@ using Runner = void (*)(const gg::Job&, const gg::Task&);
 
 Runner pick_runner(DType wt) {
   const Isa isa = active_isa();
+  if (wt == DType::I8)
+    return isa >= Isa::Avx512 && cpu_features().avx512_vnni ? gg::run_task_avx512_vnni_i8 : gg::run_task_portable_i8;
   if (wt == DType::BF16) {
     switch (isa) {
       case Isa::Avx512Bf16: return gg::run_task_avx512bf16;
@@ -236,6 +239,7 @@ void grouped_gemm(const GroupedGemmParams& p) {
 void grouped_gemm_reference(const GroupedGemmParams& p) {
   check_params(p);
   const PackedExperts& w = *p.w;
+  if (w.dtype == DType::I8) return gg::reference_i8(p);
   const int64_t K = w.k, N = w.n, n_out = w.n_out();
   std::vector<float> arow(K), acc(N);
   for (int64_t e = 0; e < w.n_experts; ++e) {

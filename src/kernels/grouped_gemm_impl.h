@@ -9,6 +9,10 @@
 //   f32:  panel = [K][64] floats: one k step = 256 contiguous bytes = 4 zmm.
 //   bf16: panel = [ceil(K/2)][64][2] (VNNI pairs): one zmm = 16 columns x 2 k, the
 //         operand layout of vdpbf16ps; an odd K is padded with a zero k.
+//   i8:   panel = [ceil(K/4)][64][4] (VNNI quads): one zmm = 16 columns x 4 k, the
+//         signed operand of vpdpbusd; K is padded to a multiple of 4 with zero k. Per
+//         packed column an f32 scale and an i32 compensation 128 * sum_k q live in
+//         PackedExperts::w_scale / w_comp (same column numbering: panel * 64 + j).
 // Every panel starts on a 256-byte boundary (K*256 or ceil(K/2)*256 bytes per panel),
 // so given the 128-byte aligned Tensor storage all B loads are aligned.
 #pragma once
@@ -30,10 +34,24 @@ namespace {
 inline int64_t n_panels(int64_t n, bool gated) {
   return gated ? (n / 2 + kGateCols - 1) / kGateCols : (n + kPanel - 1) / kPanel;
 }
-inline int64_t k_steps(int64_t k, DType dt) { return dt == DType::BF16 ? (k + 1) / 2 : k; }
+inline int64_t k_steps(int64_t k, DType dt) {
+  return dt == DType::BF16 ? (k + 1) / 2 : dt == DType::I8 ? (k + 3) / 4 : k;
+}
 // Elements of the packed dtype per panel.
 inline int64_t panel_elems(int64_t k, DType dt) {
-  return dt == DType::BF16 ? k_steps(k, dt) * kPanel * 2 : k * kPanel;
+  return dt == DType::BF16 ? k_steps(k, dt) * kPanel * 2 : dt == DType::I8 ? k_steps(k, dt) * kPanel * 4 : k * kPanel;
+}
+
+// Logical row of W (gate rows then up rows) held by column j of panel P; -1 = padding.
+inline int64_t panel_col_to_row(const PackedExperts& p, int64_t P, int j) {
+  if (p.gated) {
+    const int64_t half = p.n / 2;
+    const int64_t c = P * kGateCols + (j % kGateCols);
+    if (c >= half) return -1;
+    return j < kGateCols ? c : half + c;
+  }
+  const int64_t r = P * kPanel + j;
+  return r < p.n ? r : -1;
 }
 
 }  // namespace
@@ -53,6 +71,12 @@ struct Job {
   char* c = nullptr;
   int64_t ldc_bytes = 0;
   DType c_dtype = DType::F32;
+  // I8 only: per packed column scale and compensation of expert 0; experts are
+  // q_stride columns apart. The A rows' f32 scale sits at byte a_scale_off of each row.
+  const float* w_scale = nullptr;
+  const int32_t* w_comp = nullptr;
+  int64_t q_stride = 0;
+  int64_t a_scale_off = 0;
 };
 
 // One task: rows of `expert` x panels [p0, p1).
@@ -137,5 +161,12 @@ void run_task_avx2_bf16(const Job& j, const Task& t);
 void run_task_avx512_f32(const Job& j, const Task& t);
 void run_task_avx512_bf16emu(const Job& j, const Task& t);  // bf16 weights, no AVX512_BF16
 void run_task_avx512bf16(const Job& j, const Task& t);     // vdpbf16ps
+void run_task_portable_i8(const Job& j, const Task& t);    // grouped_gemm_int8.cpp
+// I8 pieces of packing and the reference (grouped_gemm_int8.cpp).
+void alloc_q8(PackedExperts& p);
+void pack_expert_i8(PackedExperts& p, int64_t e, const Tensor& w);
+Tensor unpack_expert_i8(const PackedExperts& p, int64_t e);
+void reference_i8(const GroupedGemmParams& p);
+void run_task_avx512_vnni_i8(const Job& j, const Task& t);  // vpdpbusd, grouped_gemm_int8_avx512.cpp
 
 }  // namespace moe::gg

@@ -169,6 +169,57 @@ Tensor Checkpoint::view(const std::string& key) const {
   return sf.view(key);
 }
 
+Tensor Checkpoint::view_elems(const std::string& key, int64_t elem_begin, const Shape& shape) const {
+  size_t si = 0;
+  SafetensorsFile& sf = s_->shard_for(key, &si);
+  MOE_CHECK(sf.find(key), "tensor '{}' is listed in {} for shard '{}' but is missing from that file",
+            key, s_->index_path, s_->shards[si].path);
+  return sf.view_elems(key, elem_begin, shape);
+}
+
+Tensor Checkpoint::view_rows(const std::string& key, int64_t begin, int64_t end) const {
+  const TensorInfo& ti = info(key);
+  MOE_CHECK(!ti.shape.empty() && 0 <= begin && begin <= end && end <= ti.shape[0],
+            "tensor '{}' in {} has shape {}: rows [{}, {}) are outside it", key, file_of(key),
+            shape_str(ti.shape), begin, end);
+  Shape shape = ti.shape;
+  shape[0] = end - begin;
+  int64_t row = 1;
+  for (size_t d = 1; d < ti.shape.size(); ++d) row *= ti.shape[d];  // fits: validated at open
+  return view_elems(key, begin * row, shape);
+}
+
+std::vector<std::string> Checkpoint::keys_with_prefix(const std::string& prefix) const {
+  std::vector<std::string> out;
+  for (auto it = s_->key_shard.lower_bound(prefix); it != s_->key_shard.end() && it->first.starts_with(prefix);
+       ++it)
+    out.push_back(it->first);
+  return out;
+}
+
+size_t Checkpoint::open_all_shards() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  for (auto& sh : s_->shards)
+    if (!sh.sf) sh.sf = SafetensorsFile::open(sh.path);
+  return s_->shards.size();
+}
+
+uint64_t Checkpoint::total_file_bytes() const {
+  open_all_shards();
+  std::lock_guard<std::mutex> lock(s_->mu);
+  uint64_t total = 0;
+  for (const auto& sh : s_->shards) total += sh.sf->file_size();
+  return total;
+}
+
+uint64_t Checkpoint::header_bytes_opened() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  uint64_t total = 0;
+  for (const auto& sh : s_->shards)
+    if (sh.sf) total += sh.sf->data_start();
+  return total;
+}
+
 std::vector<std::string> Checkpoint::keys() const {
   std::vector<std::string> out;
   out.reserve(s_->key_shard.size());

@@ -40,7 +40,22 @@ class Checkpoint {
   const TensorInfo& info(const std::string& key) const;
   // Zero-copy, read-only view over the shard's mapping (counted in bytes_touched()).
   Tensor view(const std::string& key) const;
+  // Elements [elem_begin, elem_begin + numel(shape)) of `key`, shaped `shape`: a
+  // zero-copy view that touches (and counts) only those bytes.
+  Tensor view_elems(const std::string& key, int64_t elem_begin, const Shape& shape) const;
+  // Rows [begin, end) of dim 0 of `key` (e.g. experts [b, e) of a stacked [E, ...]
+  // tensor), touching only those rows.
+  Tensor view_rows(const std::string& key, int64_t begin, int64_t end) const;
   std::vector<std::string> keys() const;  // sorted
+  // The sorted keys that start with `prefix` (cheap: a range of the key map).
+  std::vector<std::string> keys_with_prefix(const std::string& prefix) const;
+  // Opens every shard (headers only, no tensor data), so that a broken shard is
+  // reported now rather than at first access. Returns the number of shard files.
+  size_t open_all_shards() const;
+  // Sum of the sizes of every shard file (opens them all).
+  uint64_t total_file_bytes() const;
+  // Sum over opened shards of their header bytes (8 + N).
+  uint64_t header_bytes_opened() const;
   // Full path of the file holding `key` (dir/shard); throws like info() if unknown.
   std::string file_of(const std::string& key) const;
   // Sum of bytes_touched() over the shards opened so far.

@@ -2,9 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
+#include <exception>
+#include <mutex>
 
 #include "core/check.h"
+#include "loader/scales.h"
 
 namespace moe {
 
@@ -14,33 +18,30 @@ std::string expert_key(const std::string& pattern, int64_t e) {
   return fmt::format(fmt::runtime(pattern), e);
 }
 
-// Views `key`, checking that it exists and has `expected` shape; errors name the
-// key, the layer, the file and both shapes.
-Tensor get(const Checkpoint& ck, const std::string& key, const Shape& expected, int64_t layer) {
-  MOE_CHECK(ck.has(key), "layer {}: tensor '{}' missing from checkpoint {} (expected shape {})", layer, key,
-            ck.dir(), shape_str(expected));
-  const TensorInfo& info = ck.info(key);
-  MOE_CHECK(info.shape == expected, "layer {}: tensor '{}' in {} has shape {}, expected {}", layer, key,
-            ck.file_of(key), shape_str(info.shape), shape_str(expected));
-  MOE_CHECK(info.dtype == DType::F32 || info.dtype == DType::BF16 || info.dtype == DType::F16,
-            "layer {}: tensor '{}' in {} has dtype {}, expected f32, bf16 or f16", layer, key, ck.file_of(key),
-            dtype_name(info.dtype));
-  return ck.view(key);
+bool float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+// The problem with one read's tensor, if any (headers only). Messages name the key,
+// the layer, the file and both shapes.
+std::optional<TensorProblem> problem_of(const Checkpoint& ck, const std::string& key, const Shape& expected,
+                                        int64_t layer) {
+  if (!ck.has(key))
+    return TensorProblem{TensorProblem::Missing, key,
+                         fmt::format("layer {}: tensor '{}' missing from checkpoint {} (expected shape {})", layer, key,
+                                     ck.dir(), shape_str(expected))};
+  const TensorInfo& info = ck.info(key);  // opens the shard: a broken one throws, naming it
+  if (info.shape != expected)
+    return TensorProblem{TensorProblem::WrongShape, key,
+                         fmt::format("layer {}: tensor '{}' in {} has shape {}, expected {}", layer, key,
+                                     ck.file_of(key), shape_str(info.shape), shape_str(expected))};
+  if (!float_dtype(info.dtype))
+    return TensorProblem{TensorProblem::WrongDType, key,
+                         fmt::format("layer {}: tensor '{}' in {} has dtype {}, expected f32, bf16 or f16", layer, key,
+                                     ck.file_of(key), dtype_name(info.dtype))};
+  return std::nullopt;
 }
 
-Tensor get_f32(const Checkpoint& ck, const std::string& key, const Shape& expected, int64_t layer) {
-  return get(ck, key, expected, layer).to(DType::F32);
-}
-
-// Columns [c0, c1) of a 2-D tensor, as a contiguous copy.
-Tensor columns(const Tensor& t, int64_t c0, int64_t c1) {
-  if (c0 == 0 && c1 == t.dim(1)) return t;
-  const int64_t rows = t.dim(0), cols = t.dim(1), es = static_cast<int64_t>(dtype_size(t.dtype()));
-  Tensor out = Tensor::empty({rows, c1 - c0}, t.dtype());
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(static_cast<char*>(out.raw()) + r * (c1 - c0) * es,
-                static_cast<const char*>(t.raw()) + (r * cols + c0) * es, (c1 - c0) * es);
-  return out;
+void check_or_throw(const Checkpoint& ck, const std::string& key, const Shape& expected, int64_t layer) {
+  if (auto p = problem_of(ck, key, expected, layer)) throw_error(__FILE__, __LINE__, p->message);
 }
 
 // Rows [0, a) from `top` and [0, b) from `bottom`, stacked: the W13 of one expert.
@@ -53,17 +54,69 @@ Tensor stack_rows(const Tensor& top, const Tensor& bottom) {
   return out;
 }
 
-GatedMlpWeights load_gated_mlp(const Checkpoint& ck, const std::string& prefix, int64_t H, int64_t I,
-                               Activation act, DType compute, int64_t layer) {
+Shape bias_shape(const Checkpoint& ck, const std::string& key, int64_t E) {
+  // ERNIE stores the correction bias as [1, E]; the others as [E].
+  return ck.has(key) && ck.info(key).shape.size() == 2 ? Shape{1, E} : Shape{E};
+}
+
+bool uses_fused(const Checkpoint& ck, const MlpKeys& keys) {
+  return !ck.has(expert_key(keys.expert_gate, 0)) && ck.has(keys.fused_gate_up);
+}
+
+Tensor load_read(const Checkpoint& ck, const LayerRead& r, std::optional<DType> out = std::nullopt) {
+  return load_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size, out);
+}
+
+uint64_t read_bytes(const Checkpoint& ck, const LayerRead& r) {
+  if (!ck.has(r.key)) return 0;
+  const TensorInfo& ti = ck.info(r.key);
+  if (ti.shape != r.full_shape) return 0;
+  return plan_shard(r.key, r.full_shape, r.rule, r.rank, r.size).bytes_viewed(dtype_size(ti.dtype));
+}
+
+void warn_default(const std::string& msg) { fmt::print(stderr, "moe-ep: warning: {}\n", msg); }
+
+// Reports unexpected tensors: an error when strict, else one warning.
+void report_unexpected(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, const MlpLoadOptions& opt) {
+  const auto extra = unexpected_mlp_tensors(ck, cfg, layer);
+  if (extra.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < extra.size() && i < 8; ++i) list += (i ? ", " : "") + ("'" + extra[i] + "'");
+  if (extra.size() > 8) list += fmt::format(", ... ({} in all)", extra.size());
+  const std::string msg =
+      fmt::format("layer {}: {} unexpected tensor{} in {} (not used by the {} name map): {}", layer, extra.size(),
+                  extra.size() == 1 ? "" : "s", ck.dir(), cfg.model_type, list);
+  MOE_CHECK(!opt.strict, "{} (--strict)", msg);
+  (opt.warn ? opt.warn : warn_default)(msg);
+}
+
+// Loads and packs the gated MLP of `reads` (gate, up, down in that order).
+GatedMlpWeights load_gated(const Checkpoint& ck, const LayerRead& g, const LayerRead& u, const LayerRead& d,
+                           Activation act, DType compute) {
+  const int64_t I = g.full_shape[0], H = g.full_shape[1];
   GatedMlpWeights w;
   w.act = act;
   w.w13 = make_packed_experts(1, 2 * I, H, compute, /*gated=*/true);
   w.w2 = make_packed_experts(1, H, I, compute, /*gated=*/false);
-  pack_expert(w.w13, 0,
-              stack_rows(get(ck, prefix + ".gate_proj.weight", {I, H}, layer),
-                         get(ck, prefix + ".up_proj.weight", {I, H}, layer)));
-  pack_expert(w.w2, 0, get(ck, prefix + ".down_proj.weight", {H, I}, layer));
+  pack_expert(w.w13, 0, stack_rows(load_read(ck, g), load_read(ck, u)));
+  pack_expert(w.w2, 0, load_read(ck, d));
   return w;
+}
+
+// "model.layers.7.mlp.experts.12.w1.weight" against "...experts.{}.w1.weight": the id.
+bool match_expert(const std::string& pattern, const std::string& key, int64_t* id) {
+  const size_t ph = pattern.find("{}");
+  const std::string head = pattern.substr(0, ph), tail = pattern.substr(ph + 2);
+  if (key.size() <= head.size() + tail.size() || !key.starts_with(head) || !key.ends_with(tail)) return false;
+  const std::string num = key.substr(head.size(), key.size() - head.size() - tail.size());
+  if (num.empty() || num.size() > 12 || (num.size() > 1 && num[0] == '0')) return false;
+  int64_t v = 0;
+  for (char c : num) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *id = v;
+  return true;
 }
 
 }  // namespace
@@ -108,6 +161,111 @@ MlpKeys mlp_keys(const MoeConfig& cfg, int64_t layer, const Checkpoint* ck) {
   return k;
 }
 
+std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
+                                       const MlpLoadOptions& opt) {
+  const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts;
+  const MlpKeys keys = mlp_keys(cfg, layer, &ck);
+  std::vector<LayerRead> r;
+  auto add = [&](std::string key, Shape shape, ShardRule rule, LayerRead::Role role, int64_t expert = -1, int rank = 0,
+                 int size = 1) {
+    r.push_back({std::move(key), std::move(shape), rule, rank, size, role, expert});
+  };
+  auto gated = [&](const std::string& prefix, int64_t Im, LayerRead::Role role) {
+    add(prefix + ".gate_proj.weight", {Im, H}, ShardRule::replicated(), role);
+    add(prefix + ".up_proj.weight", {Im, H}, ShardRule::replicated(), role);
+    add(prefix + ".down_proj.weight", {H, Im}, ShardRule::replicated(), role);
+  };
+  if (!cfg.is_moe_layer(layer)) {
+    gated(keys.dense_prefix, cfg.dense_intermediate_size, LayerRead::Dense);
+    return r;
+  }
+  const int64_t b = opt.expert_begin, e = opt.expert_end < 0 ? E : opt.expert_end;
+  const int tr = opt.tp_rank, ts = opt.tp_size;
+  add(keys.router, {E, H}, ShardRule::replicated(), LayerRead::Router);
+  if (cfg.routing.use_correction_bias)
+    add(keys.correction_bias, bias_shape(ck, keys.correction_bias, E), ShardRule::replicated(), LayerRead::Bias);
+  if (uses_fused(ck, keys)) {
+    add(keys.fused_gate_up, {E, 2 * I, H}, ShardRule::expert_local_stacked(b, e, 0, 2), LayerRead::FusedGateUp, -1, tr,
+        ts);
+    add(keys.fused_down, {E, H, I}, ShardRule::expert_local_stacked(b, e, 1), LayerRead::FusedDown, -1, tr, ts);
+  } else {
+    for (int64_t g = b; g < e; ++g) {
+      add(expert_key(keys.expert_gate, g), {I, H}, ShardRule::expert_local(0), LayerRead::ExpertGate, g, tr, ts);
+      add(expert_key(keys.expert_up, g), {I, H}, ShardRule::expert_local(0), LayerRead::ExpertUp, g, tr, ts);
+      add(expert_key(keys.expert_down, g), {H, I}, ShardRule::expert_local(1), LayerRead::ExpertDown, g, tr, ts);
+    }
+  }
+  if (cfg.shared_intermediate_size > 0) {
+    gated(keys.shared_prefix, cfg.shared_intermediate_size, LayerRead::Shared);
+    if (cfg.shared_expert_gate) add(keys.shared_gate, {1, H}, ShardRule::replicated(), LayerRead::SharedGate);
+  }
+  return r;
+}
+
+uint64_t mlp_layer_read_bytes(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, const MlpLoadOptions& opt) {
+  uint64_t n = 0;
+  for (const LayerRead& r : mlp_layer_reads(ck, cfg, layer, opt)) n += read_bytes(ck, r);
+  return n;
+}
+
+std::vector<TensorProblem> check_mlp_block(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
+                                           size_t max_problems) {
+  std::vector<TensorProblem> out;
+  if (cfg.is_moe_layer(layer)) {
+    // The router first: its shape [E, H] must be in the file, which bounds E before
+    // the experts are enumerated.
+    const MlpKeys keys = mlp_keys(cfg, layer, &ck);
+    if (auto p = problem_of(ck, keys.router, {cfg.n_experts, cfg.hidden_size}, layer)) {
+      out.push_back(*p);
+      return out;
+    }
+  } else if (cfg.dense_intermediate_size <= 0) {
+    out.push_back({TensorProblem::Missing, fmt::format("model.layers.{}.mlp", layer),
+                   fmt::format("config.json: layer {} is dense but 'intermediate_size' is missing", layer)});
+    return out;
+  }
+  for (const LayerRead& r : mlp_layer_reads(ck, cfg, layer, {})) {
+    if (out.size() >= max_problems) break;
+    if (auto p = problem_of(ck, r.key, r.full_shape, layer)) out.push_back(*p);
+  }
+  return out;
+}
+
+std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer) {
+  const MlpKeys keys = mlp_keys(cfg, layer, &ck);
+  const std::string base = fmt::format("model.layers.{}", layer);
+  const bool moe = cfg.is_moe_layer(layer);
+  std::vector<std::string> known;
+  auto gated = [&](const std::string& p) {
+    for (const char* m : {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"}) known.push_back(p + m);
+  };
+  if (moe) {
+    known.push_back(keys.router);
+    if (cfg.routing.use_correction_bias) known.push_back(keys.correction_bias);
+    known.push_back(keys.fused_gate_up);
+    known.push_back(keys.fused_down);
+    if (cfg.shared_intermediate_size > 0) {
+      gated(keys.shared_prefix);
+      if (cfg.shared_expert_gate) known.push_back(keys.shared_gate);
+    }
+  } else {
+    gated(keys.dense_prefix);
+  }
+  std::vector<std::string> out;
+  for (const char* blk : {".mlp.", ".block_sparse_moe."})
+    for (const std::string& key : ck.keys_with_prefix(base + blk)) {
+      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+      int64_t id = -1;
+      if (moe && (match_expert(keys.expert_gate, key, &id) || match_expert(keys.expert_up, key, &id) ||
+                  match_expert(keys.expert_down, key, &id)) &&
+          id < cfg.n_experts)
+        continue;
+      if (auto m = match_scale_key(cfg.family, key); m && m->layer == layer) continue;
+      out.push_back(key);
+    }
+  return out;
+}
+
 MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
                                const MlpLoadOptions& opt) {
   MOE_CHECK(layer >= 0 && layer < cfg.n_layers, "layer {} out of range: the model has {} layers", layer,
@@ -117,75 +275,108 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   MOE_CHECK(opt.compute == DType::F32 || opt.compute == DType::BF16, "compute dtype must be f32 or bf16, got {}",
             dtype_name(opt.compute));
   const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts;
-  const MlpKeys keys = mlp_keys(cfg, layer, &ck);
   MoeLayerWeights w;
   w.expert_begin = opt.expert_begin;
   w.expert_end = opt.expert_end < 0 ? E : opt.expert_end;
   MOE_CHECK(0 <= w.expert_begin && w.expert_begin <= w.expert_end && w.expert_end <= E,
             "expert range [{}, {}) outside [0, {})", w.expert_begin, w.expert_end, E);
-
-  w.gate = make_packed_experts(1, E, H, DType::F32, false);
-  pack_expert(w.gate, 0, get(ck, keys.router, {E, H}, layer));
-  if (cfg.routing.use_correction_bias) {
-    MOE_CHECK(ck.has(keys.correction_bias), "layer {}: tensor '{}' missing from checkpoint {} (expected shape [{}])",
-              layer, keys.correction_bias, ck.dir(), E);
-    const Shape bias_shape = ck.info(keys.correction_bias).shape;
-    const Shape want = bias_shape.size() == 2 ? Shape{1, E} : Shape{E};  // ERNIE stores [1, E]
-    w.correction_bias = get_f32(ck, keys.correction_bias, want, layer).reshape({E});
-  }
-
-  const int64_t n_local = w.n_local();
   MOE_CHECK(opt.tp_size >= 1 && opt.tp_rank >= 0 && opt.tp_rank < opt.tp_size, "bad MoE-TP rank {} of {}",
             opt.tp_rank, opt.tp_size);
   MOE_CHECK(I % opt.tp_size == 0, "--tp {} does not divide the experts' moe_intermediate_size {} (layer {})",
             opt.tp_size, I, layer);
-  const int64_t Il = I / opt.tp_size, i0 = opt.tp_rank * Il, i1 = i0 + Il;
-  w.w13 = make_packed_experts(n_local, 2 * Il, H, opt.compute, /*gated=*/true);
-  w.w2 = make_packed_experts(n_local, H, Il, opt.compute, /*gated=*/false);
-  const bool fused = !ck.has(expert_key(keys.expert_gate, w.expert_begin)) && ck.has(keys.fused_gate_up);
-  if (fused) {
-    // Stacked layout: slice this rank's experts out of the [E, ...] tensors.
-    const Tensor gu = get(ck, keys.fused_gate_up, {E, 2 * I, H}, layer);
-    const Tensor dn = get(ck, keys.fused_down, {E, H, I}, layer);
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t e = 0; e < n_local; ++e) {
-      const int64_t g = w.expert_begin + e;
-      const Tensor gu_e = gu.slice_rows(g, g + 1).reshape({2 * I, H});
-      pack_expert(w.w13, e,
-                  opt.tp_size == 1 ? gu_e : stack_rows(gu_e.slice_rows(i0, i1), gu_e.slice_rows(I + i0, I + i1)));
-      pack_expert(w.w2, e, columns(dn.slice_rows(g, g + 1).reshape({H, I}), i0, i1));
-    }
-  } else {
-    // Look every key up first so a missing expert is reported before any work.
-    std::vector<Tensor> gate(n_local), up(n_local), down(n_local);
-    for (int64_t e = 0; e < n_local; ++e) {
-      const int64_t g = w.expert_begin + e;
-      gate[e] = get(ck, expert_key(keys.expert_gate, g), {I, H}, layer);
-      up[e] = get(ck, expert_key(keys.expert_up, g), {I, H}, layer);
-      down[e] = get(ck, expert_key(keys.expert_down, g), {H, I}, layer);
-    }
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t e = 0; e < n_local; ++e) {
-      pack_expert(w.w13, e, stack_rows(gate[e].slice_rows(i0, i1), up[e].slice_rows(i0, i1)));
-      pack_expert(w.w2, e, columns(down[e], i0, i1));
+
+  // 1. Check every tensor this rank reads (headers only) before allocating anything:
+  //    the router first, which bounds E by what the file holds.
+  check_or_throw(ck, mlp_keys(cfg, layer, &ck).router, {E, H}, layer);
+  report_unexpected(ck, cfg, layer, opt);
+  const std::vector<LayerRead> reads = mlp_layer_reads(ck, cfg, layer, opt);
+  for (const LayerRead& r : reads) check_or_throw(ck, r.key, r.full_shape, layer);
+
+  // 2. Load, each tensor through its rule.
+  const int64_t n_local = w.n_local();
+  const int64_t Il = I / opt.tp_size;
+  std::vector<const LayerRead*> gate(n_local), up(n_local), down(n_local);
+  const LayerRead *fused_gu = nullptr, *fused_dn = nullptr, *bias = nullptr, *sgate = nullptr;
+  std::vector<const LayerRead*> shared;
+  for (const LayerRead& r : reads) {
+    switch (r.role) {
+      case LayerRead::Router: w.gate = make_packed_experts(1, E, H, DType::F32, false);
+                              pack_expert(w.gate, 0, load_read(ck, r));
+                              break;
+      case LayerRead::Bias: bias = &r; break;
+      case LayerRead::ExpertGate: gate[r.expert - w.expert_begin] = &r; break;
+      case LayerRead::ExpertUp: up[r.expert - w.expert_begin] = &r; break;
+      case LayerRead::ExpertDown: down[r.expert - w.expert_begin] = &r; break;
+      case LayerRead::FusedGateUp: fused_gu = &r; break;
+      case LayerRead::FusedDown: fused_dn = &r; break;
+      case LayerRead::Shared: shared.push_back(&r); break;
+      case LayerRead::SharedGate: sgate = &r; break;
+      case LayerRead::Dense: break;
     }
   }
+  if (bias) w.correction_bias = load_read(ck, *bias, DType::F32).reshape({E});
 
-  if (cfg.shared_intermediate_size > 0) {
-    w.shared = load_gated_mlp(ck, keys.shared_prefix, H, cfg.shared_intermediate_size, cfg.act, opt.compute, layer);
-    if (cfg.shared_expert_gate) w.shared_gate = get_f32(ck, keys.shared_gate, {1, H}, layer).reshape({H});
+  w.w13 = make_packed_experts(n_local, 2 * Il, H, opt.compute, /*gated=*/true);
+  w.w2 = make_packed_experts(n_local, H, Il, opt.compute, /*gated=*/false);
+  std::exception_ptr err;
+  std::mutex err_mu;
+  auto guarded = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(err_mu);
+      if (!err) err = std::current_exception();
+    }
+  };
+  if (fused_gu) {
+    // Stacked layout: this rank's experts' rows only (and its I slice of each block).
+    const Tensor gu = load_read(ck, *fused_gu);  // [E_l, 2 Il, H]
+    const Tensor dn = load_read(ck, *fused_dn);  // [E_l, H, Il]
+    const uint64_t per_expert = (gu.nbytes() + dn.nbytes()) / std::max<int64_t>(1, n_local);
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t e = 0; e < n_local; ++e)
+      guarded([&] {
+        pack_expert(w.w13, e, gu.slice_rows(e, e + 1).reshape({2 * Il, H}));
+        pack_expert(w.w2, e, dn.slice_rows(e, e + 1).reshape({H, Il}));
+        if (opt.progress) opt.progress->advance(per_expert);
+      });
+  } else {
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t e = 0; e < n_local; ++e)
+      guarded([&] {
+        const Tensor g = load_read(ck, *gate[e]), u = load_read(ck, *up[e]), d = load_read(ck, *down[e]);
+        pack_expert(w.w13, e, stack_rows(g, u));
+        pack_expert(w.w2, e, d);
+        if (opt.progress) opt.progress->advance(g.nbytes() + u.nbytes() + d.nbytes());
+      });
+  }
+  if (err) std::rethrow_exception(err);
+
+  if (!shared.empty()) {
+    w.shared = load_gated(ck, *shared[0], *shared[1], *shared[2], cfg.act, opt.compute);
+    if (sgate) w.shared_gate = load_read(ck, *sgate, DType::F32).reshape({H});
   }
   return w;
 }
 
-GatedMlpWeights load_dense_mlp(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, DType compute) {
+GatedMlpWeights load_dense_mlp(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, const MlpLoadOptions& opt) {
   MOE_CHECK(layer >= 0 && layer < cfg.n_layers, "layer {} out of range: the model has {} layers", layer,
             cfg.n_layers);
   MOE_CHECK(!cfg.is_moe_layer(layer), "layer {} has a MoE block, not a dense MLP", layer);
   MOE_CHECK(cfg.dense_intermediate_size > 0, "config.json: layer {} is dense but 'intermediate_size' is missing",
             layer);
-  return load_gated_mlp(ck, mlp_keys(cfg, layer, &ck).dense_prefix, cfg.hidden_size, cfg.dense_intermediate_size,
-                        cfg.act, compute, layer);
+  MOE_CHECK(opt.compute == DType::F32 || opt.compute == DType::BF16, "compute dtype must be f32 or bf16, got {}",
+            dtype_name(opt.compute));
+  report_unexpected(ck, cfg, layer, opt);
+  const std::vector<LayerRead> reads = mlp_layer_reads(ck, cfg, layer, opt);
+  for (const LayerRead& r : reads) check_or_throw(ck, r.key, r.full_shape, layer);
+  return load_gated(ck, reads[0], reads[1], reads[2], cfg.act, opt.compute);
+}
+
+GatedMlpWeights load_dense_mlp(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, DType compute) {
+  MlpLoadOptions opt;
+  opt.compute = compute;
+  return load_dense_mlp(ck, cfg, layer, opt);
 }
 
 }  // namespace moe

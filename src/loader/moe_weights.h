@@ -5,13 +5,23 @@
 // layouts are read: per-expert keys as on the Hub (`experts.N.gate_proj.weight`,
 // Mixtral `experts.N.w1/w3/w2`) and stacked experts as newer transformers write
 // them (`experts.gate_up_proj` [E, 2I, H], gate rows first; `experts.down_proj`
-// [E, H, I]). Only the experts in [expert_begin, expert_end) are touched.
+// [E, H, I]). Only the experts in [expert_begin, expert_end) are touched: every
+// tensor goes through load_sharded with its ShardRule (loader/shard.h), so a rank
+// views only its experts' byte ranges (stacked tensors: their rows) and, under
+// MoE-TP, only its I slice of gate/up (down's I slice is strided: see shard.h).
+// Every tensor of the block is checked (present, shape, dtype) before anything is
+// allocated, so a hostile config cannot make the loader allocate what the file
+// does not hold.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "loader/checkpoint.h"
+#include "loader/progress.h"
+#include "loader/shard.h"
 #include "moe/config.h"
 #include "moe/fused_moe.h"
 
@@ -25,6 +35,11 @@ struct MlpLoadOptions {
   // every routed expert (gate and up rows, down columns). I must divide by tp.
   int tp_rank = 0;
   int tp_size = 1;
+  // Unexpected tensors under the layer's MLP block (keys the family's map does not
+  // use): a warning through `warn` (default: stderr), or an error when strict.
+  bool strict = false;
+  std::function<void(const std::string&)> warn;
+  Progress* progress = nullptr;  // advanced by the bytes of each expert read (may be null)
 };
 
 // The checkpoint key names of one layer's MLP block.
@@ -41,8 +56,40 @@ struct MlpKeys {
 // With a checkpoint, picks the spelling that checkpoint uses where a family has two.
 MlpKeys mlp_keys(const MoeConfig& cfg, int64_t layer, const Checkpoint* ck = nullptr);
 
+// One tensor the loader reads for a layer, with the rule that slices it.
+struct LayerRead {
+  std::string key;
+  Shape full_shape;
+  ShardRule rule;
+  int rank = 0, size = 1;  // the group the rule slices over (MoE-TP for experts)
+  enum Role { Router, Bias, ExpertGate, ExpertUp, ExpertDown, FusedGateUp, FusedDown, Shared, SharedGate, Dense } role;
+  int64_t expert = -1;  // per-expert keys: the global expert id
+};
+// Every tensor load_moe_layer / load_dense_mlp reads for `layer` with `opt`, in the
+// order it reads them; checks nothing. With per_expert vs fused chosen as the loader
+// does (from which keys the checkpoint has).
+std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
+                                       const MlpLoadOptions& opt);
+// Bytes the loader views for those reads (ShardPlan::bytes_viewed, dtype of the file).
+uint64_t mlp_layer_read_bytes(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, const MlpLoadOptions& opt);
+
+// A problem with one tensor of a layer's MLP block.
+struct TensorProblem {
+  enum Kind { Missing, WrongShape, WrongDType, Unexpected } kind;
+  std::string key;
+  std::string message;  // names the key, the layer, the file and both shapes
+};
+// Checks presence, shape and dtype of every tensor the loader would read for `layer`
+// (all experts), stopping after `max_problems`. Reads headers only.
+std::vector<TensorProblem> check_mlp_block(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
+                                           size_t max_problems = SIZE_MAX);
+// Keys under the layer's MLP block ("model.layers.L.mlp." and, for Mixtral,
+// ".block_sparse_moe.") that the family's name map (weights and scales) does not use.
+std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer);
+
 MoeLayerWeights load_moe_layer(const Checkpoint& ckpt, const MoeConfig& cfg, int64_t layer,
                                const MlpLoadOptions& opt);
 GatedMlpWeights load_dense_mlp(const Checkpoint& ckpt, const MoeConfig& cfg, int64_t layer, DType compute);
+GatedMlpWeights load_dense_mlp(const Checkpoint& ckpt, const MoeConfig& cfg, int64_t layer, const MlpLoadOptions& opt);
 
 }  // namespace moe

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <set>
 
@@ -255,7 +256,6 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   for (const Range& r : ranges) ordered.push_back(std::move(f->tensors_[r.idx]));
   f->tensors_ = std::move(ordered);
   for (size_t i = 0; i < f->tensors_.size(); ++i) f->index_.emplace(f->tensors_[i].name, i);
-  f->touched_.reset(new std::atomic<bool>[f->tensors_.size()]());
   return f;
 }
 
@@ -266,25 +266,62 @@ const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
+void SafetensorsFile::touch(uint64_t begin, uint64_t end) {
+  if (end <= begin) return;
+  uint64_t added = end - begin;
+  {
+    std::lock_guard<std::mutex> lock(touched_mu_);
+    // Merge [begin, end) with every range it overlaps or abuts.
+    auto it = touched_.upper_bound(begin);
+    if (it != touched_.begin() && std::prev(it)->second >= begin) --it;
+    uint64_t lo = begin, hi = end;
+    while (it != touched_.end() && it->first <= hi) {
+      const uint64_t ov_lo = std::max(begin, it->first), ov_hi = std::min(end, it->second);
+      if (ov_hi > ov_lo) added -= std::min(added, ov_hi - ov_lo);
+      lo = std::min(lo, it->first);
+      hi = std::max(hi, it->second);
+      it = touched_.erase(it);
+    }
+    touched_.emplace(lo, hi);
+    if (added == 0) return;
+    bytes_touched_.fetch_add(added, std::memory_order_relaxed);
+  }
+  // Ask for read-ahead of large ranges, on whole pages inside the range only, so no
+  // neighbouring tensor's (or expert's) pages are pulled in on its behalf.
+  constexpr uint64_t kAdviseMin = 4u << 20;
+  if (end - begin >= kAdviseMin) {
+    char* base = static_cast<char*>(mapping_.get());
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t lo = (begin + page - 1) / page * page;
+    const uint64_t hi = end / page * page;
+    if (hi > lo) ::madvise(base + lo, hi - lo, MADV_WILLNEED);  // advisory; ignore errors
+  }
+}
+
 Tensor SafetensorsFile::view(const std::string& name) {
   auto it = index_.find(name);
   MOE_CHECK(it != index_.end(), "tensor '{}' not found in safetensors file '{}'", name, path_);
-  const size_t i = it->second;
-  const TensorInfo& info = tensors_[i];
-  char* base = static_cast<char*>(mapping_.get());
-  if (!touched_[i].exchange(true, std::memory_order_relaxed)) {
-    bytes_touched_.fetch_add(info.nbytes, std::memory_order_relaxed);
-    // Ask for read-ahead of large tensors, on whole pages inside the tensor only, so
-    // no neighbouring tensor's pages are pulled in on its behalf.
-    constexpr uint64_t kAdviseMin = 4u << 20;
-    if (info.nbytes >= kAdviseMin) {
-      const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-      const uint64_t lo = (info.offset + page - 1) / page * page;
-      const uint64_t hi = (info.offset + info.nbytes) / page * page;
-      if (hi > lo) ::madvise(base + lo, hi - lo, MADV_WILLNEED);  // advisory; ignore errors
-    }
-  }
-  return Tensor::wrap(base + info.offset, info.shape, info.dtype, mapping_);
+  const TensorInfo& info = tensors_[it->second];
+  touch(info.offset, info.offset + info.nbytes);
+  return Tensor::wrap(static_cast<char*>(mapping_.get()) + info.offset, info.shape, info.dtype, mapping_);
+}
+
+Tensor SafetensorsFile::view_elems(const std::string& name, int64_t elem_begin, const Shape& shape) {
+  auto it = index_.find(name);
+  MOE_CHECK(it != index_.end(), "tensor '{}' not found in safetensors file '{}'", name, path_);
+  const TensorInfo& info = tensors_[it->second];
+  const uint64_t esize = dtype_size(info.dtype);
+  const uint64_t total = info.nbytes / esize;
+  uint64_t n = 1;
+  bool ok = elem_begin >= 0;
+  for (int64_t d : shape) ok = ok && d >= 0 && !__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n);
+  ok = ok && static_cast<uint64_t>(elem_begin) <= total && n <= total - static_cast<uint64_t>(elem_begin);
+  MOE_CHECK(ok, "tensor '{}' in '{}' ({} {}): elements [{}, +{}) shaped {} are outside its {} elements", name,
+            path_, safetensors_dtype_name(info.dtype), shape_str(info.shape), elem_begin, n, shape_str(shape),
+            total);
+  const uint64_t begin = info.offset + static_cast<uint64_t>(elem_begin) * esize;
+  touch(begin, begin + n * esize);
+  return Tensor::wrap(static_cast<char*>(mapping_.get()) + begin, shape, info.dtype, mapping_);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -10,8 +10,11 @@
 // file, the tensor where one is involved, and what was expected versus found.
 //
 // view() returns a Tensor over the mapping (no copy; the Tensor keeps the mapping
-// alive). Pages of tensors nobody asked for are never touched, and bytes_touched()
-// counts the bytes handed out so callers can prove a rank reads only what it owns.
+// alive). view_elems() returns a sub-range of one tensor's elements (e.g. the rows of
+// this rank's experts in a stacked [E, ...] tensor) without touching the rest. Pages
+// of tensors nobody asked for are never touched, and bytes_touched() counts the
+// distinct bytes handed out (the union of every range viewed) so callers can prove a
+// rank reads only what it owns.
 // The mapping is PROT_READ: views are read-only; writing through one faults.
 #pragma once
 
@@ -19,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -59,13 +63,17 @@ class SafetensorsFile {
   const TensorInfo* find(const std::string& name) const;
   // Zero-copy, read-only view; throws naming the key and the file if absent.
   Tensor view(const std::string& name);
+  // Elements [elem_begin, elem_begin + numel(shape)) of tensor `name` (row-major),
+  // shaped `shape`: a zero-copy view that counts only those bytes. Throws naming the
+  // tensor and the file if the range is outside the tensor.
+  Tensor view_elems(const std::string& name, int64_t elem_begin, const Shape& shape);
 
   const std::string& path() const { return path_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t file_size() const { return file_size_; }
   uint64_t header_bytes() const { return header_bytes_; }  // N (the JSON part only)
   uint64_t data_start() const { return 8 + header_bytes_; }
-  // Sum of nbytes of the distinct tensors handed out by view(). Thread-safe.
+  // Distinct bytes handed out by view() and view_elems() (overlaps counted once). Thread-safe.
   uint64_t bytes_touched() const { return bytes_touched_.load(std::memory_order_relaxed); }
 
  private:
@@ -78,7 +86,12 @@ class SafetensorsFile {
   std::vector<TensorInfo> tensors_;
   std::unordered_map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
-  std::unique_ptr<std::atomic<bool>[]> touched_;
+  // Counts the bytes of [begin, end) (absolute file offsets) not viewed before and
+  // asks the kernel to read large ranges ahead.
+  void touch(uint64_t begin, uint64_t end);
+
+  std::mutex touched_mu_;
+  std::map<uint64_t, uint64_t> touched_;  // disjoint, non-adjacent [begin, end) ranges
   std::atomic<uint64_t> bytes_touched_{0};
 };
 

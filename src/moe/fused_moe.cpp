@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "kernels/quant.h"
 
 namespace moe {
 
@@ -18,23 +19,45 @@ void run_experts(const ExpertsParams& p, MoeScratch& s) {
   const int64_t rows = p.offsets[n_local];
   if (rows == 0) return;
   const int64_t I = p.w13->n_out(), H = p.w2->n_out();
-  Tensor& inter = MoeScratch::ensure(s.inter, rows, I, p.w2->dtype);
+  const bool q8 = p.w13->dtype == DType::I8;
+  // W8A8: GEMM1 writes its activated output in f32 and one "smooth + quantise rows" pass
+  // makes GEMM2's Q8 rows. A row's scale needs the max over the whole row, but GEMM1's
+  // tasks split a row's columns over panels (threads); the separate pass costs one
+  // read of rows x I floats (small next to GEMM1) and keeps the kernels batch-invariant.
+  Tensor& inter = MoeScratch::ensure(s.inter, rows, I, q8 ? DType::F32 : p.w2->dtype);
 
   GroupedGemmParams g1;
   g1.w = p.w13;
   g1.a = p.a;
-  g1.lda = p.w13->k;
+  g1.lda = q8 ? q8_row_bytes(p.w13->k) : p.w13->k;
   g1.offsets = p.offsets;
   g1.c = inter.raw();
-  g1.c_dtype = p.w2->dtype;
+  g1.c_dtype = q8 ? DType::F32 : p.w2->dtype;
   g1.ldc = I;
   g1.act = p.act;
   grouped_gemm(g1);
 
+  const void* a2 = inter.raw();
+  if (q8) {
+    Tensor& iq = MoeScratch::ensure(s.inter_q, rows, q8_row_bytes(I), DType::I8);
+    QuantizeRowsParams qp;
+    qp.x = inter.raw();
+    qp.ldx = I;
+    qp.rows = rows;
+    qp.k = I;
+    qp.offsets = p.offsets;
+    qp.n_experts = p.w2->n_experts;
+    qp.smooth = p.w2->smooth.defined() ? p.w2->smooth.data<float>() : nullptr;
+    qp.dst = iq.raw();
+    qp.ld_dst = q8_row_bytes(I);
+    quantize_rows_q8(qp);
+    a2 = iq.raw();
+  }
+
   GroupedGemmParams g2;
   g2.w = p.w2;
-  g2.a = inter.raw();
-  g2.lda = I;
+  g2.a = a2;
+  g2.lda = q8 ? q8_row_bytes(I) : I;
   g2.offsets = p.offsets;
   g2.c = p.out;
   g2.c_dtype = DType::F32;
@@ -48,7 +71,20 @@ void run_gated_mlp(const GatedMlpWeights& w, const Tensor& x, float* y, MoeScrat
   if (T == 0) return;
   const DType ct = w.w13.dtype;
   const void* a = x.raw();
-  if (x.dtype() != ct) {
+  if (ct == DType::I8) {
+    Tensor& buf = MoeScratch::ensure(s.a, T, q8_row_bytes(H), DType::I8);
+    QuantizeRowsParams qp;
+    qp.x = x.raw();
+    qp.x_dtype = x.dtype();
+    qp.ldx = H;
+    qp.rows = T;
+    qp.k = H;
+    qp.smooth = w.w13.smooth.defined() ? w.w13.smooth.data<float>() : nullptr;
+    qp.dst = buf.raw();
+    qp.ld_dst = q8_row_bytes(H);
+    quantize_rows_q8(qp);
+    a = buf.raw();
+  } else if (x.dtype() != ct) {
     Tensor& buf = MoeScratch::ensure(s.a, T, H, ct);
     if (x.dtype() == DType::F32) {
       convert_from_f32(x.data<float>(), buf.raw(), ct, T * H);
@@ -84,6 +120,39 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, MoeLayerWeights weights) : cfg_(cfg), w
   MOE_CHECK(!cfg_.routing.use_correction_bias || w_.correction_bias.numel() == E,
             "e_score_correction_bias must hold {} values", E);
   MOE_CHECK(!cfg_.shared_expert_gate || w_.shared_gate.numel() == H, "shared_expert_gate must hold {} values", H);
+  // W8A8 smooth vectors: all experts' on every rank, matching the local experts' own.
+  MOE_CHECK(!w_.smooth_all.defined() || quantized(), "smooth vectors given for {} (not W8A8) experts",
+            dtype_name(compute_dtype()));
+  if (quantized() && (w_.smooth_all.defined() || w_.w13.smooth.defined())) {
+    MOE_CHECK(w_.smooth_all.defined() && w_.smooth_all.dtype() == DType::F32 && w_.smooth_all.numel() == E * H,
+              "W8A8: the smooth vectors of all {} routed experts ([{}, {}] f32) are needed on every rank, got {}", E,
+              E, H, w_.smooth_all.defined() ? w_.smooth_all.describe() : std::string("none"));
+    for (int64_t e = w_.expert_begin; e < w_.expert_end; ++e) {
+      const float* a = w_.smooth_all.data<float>() + e * H;
+      const bool own = w_.w13.smooth.defined();
+      for (int64_t h = 0; h < H; ++h)
+        MOE_CHECK((own ? w_.w13.smooth.data<float>()[(e - w_.expert_begin) * H + h] : 1.0f) == a[h],
+                  "W8A8: expert {}'s smooth vector differs between its weights and the table of all experts (at {})",
+                  e, h);
+    }
+    const float* s0 = w_.smooth_all.data<float>();
+    for (int64_t i = 0; i < E * H && smooth_uniform_; ++i) smooth_uniform_ = s0[i] == s0[i % H];
+  }
+}
+
+size_t MoeLayer::act_row_bytes() const {
+  const int64_t H = cfg_.hidden_size;
+  return quantized() ? static_cast<size_t>(q8_row_bytes(H)) : static_cast<size_t>(H) * dtype_size(compute_dtype());
+}
+
+void MoeLayer::quantize_for_expert(const void* x, DType dtype, int64_t e, void* dst) const {
+  const int64_t H = cfg_.hidden_size;
+  const float* sm = w_.smooth_all.defined() ? w_.smooth_all.data<float>() + e * H : nullptr;
+  if (dtype == DType::F32) return quantize_row_q8(static_cast<const float*>(x), sm, H, dst);
+  thread_local std::vector<float> buf;
+  buf.resize(H);
+  convert_to_f32(x, dtype, buf.data(), H);
+  quantize_row_q8(buf.data(), sm, H, dst);
 }
 
 const float* MoeLayer::x_as_f32(const Tensor& x, MoeScratch& s) {
@@ -154,7 +223,8 @@ void MoeLayer::routed_partial(const Tensor& x, const Routing& r, float* y) {
   const int64_t b = w_.expert_begin, e = w_.expert_end;
   const int64_t rows = r.index.rows_in(b, e);
   const DType ct = compute_dtype();
-  Tensor& a = MoeScratch::ensure(scratch_.a, rows, H, ct);
+  Tensor& a = quantized() ? MoeScratch::ensure(scratch_.a, rows, q8_row_bytes(H), DType::I8)
+                          : MoeScratch::ensure(scratch_.a, rows, H, ct);
   ExpandParams ep;
   ep.x = x.raw();
   ep.x_dtype = x.dtype();
@@ -165,7 +235,10 @@ void MoeLayer::routed_partial(const Tensor& x, const Routing& r, float* y) {
   ep.expert_end = e;
   ep.out = a.raw();
   ep.out_dtype = ct;
-  expand(ep);
+  if (quantized())  // expand + smooth + quantise in one pass
+    expand_quantize_q8(ep, w_.w13.smooth.defined() ? w_.w13.smooth.data<float>() : nullptr);
+  else
+    expand(ep);
 
   // Expert offsets relative to this layer's first row.
   std::vector<int64_t> offsets(w_.n_local() + 1);

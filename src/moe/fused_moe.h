@@ -29,6 +29,8 @@ struct GatedMlpWeights {
   Activation act = Activation::SiluMul;
 };
 
+// W8A8 (SmoothQuant) layers hold w13/w2 as I8 (kernels/grouped_gemm.h): the routed
+// experts only; the router stays f32 and the shared experts stay f32/bf16.
 struct MoeLayerWeights {
   PackedExperts gate;     // f32, 1 x [E, H]: router logits = x . gate^T
   Tensor correction_bias;  // f32 [E] (noaux_tc, ERNIE moe_statics) or undefined
@@ -36,6 +38,10 @@ struct MoeLayerWeights {
   int64_t expert_end = 0;
   PackedExperts w13;  // E_l x [2I, H]
   PackedExperts w2;   // E_l x [H, I]
+  // W8A8 with smooth vectors: every routed expert's GEMM1 smooth vector, f32 [E, H], on
+  // every rank (the dispatch sender quantises for the destination expert); rows
+  // [begin, end) equal w13.smooth. Undefined: all ones (then w13.smooth is too).
+  Tensor smooth_all;
   std::optional<GatedMlpWeights> shared;
   Tensor shared_gate;  // f32 [H] (Qwen2-MoE shared_expert_gate) or undefined
 
@@ -44,8 +50,9 @@ struct MoeLayerWeights {
 
 // Scratch buffers that grow to the largest call seen. Not thread-safe.
 struct MoeScratch {
-  Tensor a;       // [rows, H] compute dtype: expanded rows / converted input
-  Tensor inter;   // [rows, I] compute dtype: GEMM1 output
+  Tensor a;       // [rows, H] compute dtype: expanded rows / converted input (W8A8: Q8 rows)
+  Tensor inter;   // [rows, I] compute dtype: GEMM1 output (W8A8: f32)
+  Tensor inter_q;  // W8A8: [rows] Q8 rows of I, GEMM2's input
   Tensor out;     // [rows, H] f32: GEMM2 output
   Tensor x_f32;   // [T, H] f32 copy of a bf16 input (gate, shared gate)
   Tensor logits;  // [T, E] f32
@@ -58,7 +65,8 @@ struct ExpertsParams {
   const PackedExperts* w13 = nullptr;
   const PackedExperts* w2 = nullptr;
   Activation act = Activation::SiluMul;
-  const void* a = nullptr;            // [rows, H] in w13->dtype
+  const void* a = nullptr;            // [rows, H] in w13->dtype (I8: Q8 rows, q8_row_bytes(H)
+                                      // apart, quantised with each row's expert's smooth)
   const int64_t* offsets = nullptr;   // [n_local + 1], offsets[0] == 0
   float* out = nullptr;               // [rows, H] f32
 };
@@ -81,6 +89,17 @@ class MoeLayer {
   const MoeConfig& config() const { return cfg_; }
   const MoeLayerWeights& weights() const { return w_; }
   DType compute_dtype() const { return w_.w13.dtype; }
+  // W8A8: the routed experts take Q8 rows (kernels/quant.h) as input.
+  bool quantized() const { return w_.w13.dtype == DType::I8; }
+  // Bytes of one routed-expert input row: H values in the compute dtype, or a Q8 row.
+  size_t act_row_bytes() const;
+  // W8A8: true when every routed expert has the same smooth vector (or none), so one
+  // quantised row of a token serves all its experts; else a token is quantised per
+  // (token, expert) slot.
+  bool smooth_uniform() const { return smooth_uniform_; }
+  // W8A8: quantises row x [H] (f32, bf16 or f16 of `dtype`) for global expert e into
+  // a Q8 row at dst (act_row_bytes() bytes), exactly as routed_partial's expand does.
+  void quantize_for_expert(const void* x, DType dtype, int64_t e, void* dst) const;
 
   // Gate + routing + gen_idx for x [T, H] (f32 or bf16).
   void route(const Tensor& x, Routing& r);
@@ -105,6 +124,7 @@ class MoeLayer {
   MoeLayerWeights w_;
   MoeScratch scratch_;
   MoeScratch shared_scratch_;  // the shared experts' own, see shared_experts()
+  bool smooth_uniform_ = true;
   Tensor shared_tmp_;          // [T, H] f32
 };
 

@@ -21,7 +21,8 @@ class AllGather final : public MoeStrategy {
     Communicator& comm = ep_.comm();
     const int R = comm.size();
     const int64_t T = x.dim(0), H = layer.config().hidden_size, k = layer.config().top_k, E = layer.config().n_experts;
-    const DType ct = layer.compute_dtype();
+    // W8A8 layers quantise in routed_partial (per expert smooth): gather f32 rows.
+    const DType ct = layer.quantized() ? DType::F32 : layer.compute_dtype();
     const size_t row_bytes = static_cast<size_t>(H) * dtype_size(ct);
     // Record: k int32 expert ids, k f32 weights, the row in the compute dtype.
     const size_t rec = k * 8 + row_bytes;
@@ -59,13 +60,7 @@ class AllGather final : public MoeStrategy {
     }
     auto req = comm.iall_to_all_v(send_.data(), sb, so, recv_.data(), rb, ro);
     st.bytes_sent += static_cast<double>(T * rec) * (R - 1);
-    shared_ = MoeScratch::ensure(shared_, T, H, DType::F32);
-    dispatch::SharedRun shared;
-    shared.start(layer, x, shared_.data<float>(), ep_.options().overlap, st);
-    if (req) {
-      ScopedTimer timer(st.comm_wait_s);
-      req->wait();
-    }
+    shared_.start_then_wait(layer, x, ep_.options().overlap, st, req.get());
 
     {
       ScopedTimer timer(st.compute_s);
@@ -90,11 +85,7 @@ class AllGather final : public MoeStrategy {
       comm.reduce_scatter_v_sum(partial_.data<float>(), y, n);
       st.bytes_sent += static_cast<double>(T_all - T) * H * sizeof(float);
     }
-    if (shared.finish()) {
-      ScopedTimer timer(st.compute_s);
-      const float* s = shared_.data<float>();
-      for (int64_t i = 0; i < T * H; ++i) y[i] += s[i];
-    }
+    shared_.add_to(y);
   }
 
  private:
@@ -102,7 +93,8 @@ class AllGather final : public MoeStrategy {
   Routing routing_;
   Routing all_;  // the routing of every rank's tokens, gathered
   std::vector<char> send_, recv_, rows_;
-  Tensor gathered_, partial_, shared_;
+  Tensor gathered_, partial_;
+  dispatch::SharedRun shared_;
 };
 
 }  // namespace

@@ -26,24 +26,14 @@ class AllReduce final : public MoeStrategy {
     std::unique_ptr<CommRequest> req;
     if (T > 0) req = ep_.comm().iall_reduce_sum(y, static_cast<size_t>(T * H));
     st.bytes_sent += static_cast<double>(T * H * sizeof(float)) * (ep_.comm().size() > 1);
-    shared_ = MoeScratch::ensure(shared_, T, H, DType::F32);
-    dispatch::SharedRun shared;
-    shared.start(layer, x, shared_.data<float>(), ep_.options().overlap, st);
-    if (req) {
-      ScopedTimer timer(st.comm_wait_s);
-      req->wait();
-    }
-    if (shared.finish()) {
-      ScopedTimer timer(st.compute_s);
-      const float* s = shared_.data<float>();
-      for (int64_t i = 0; i < T * H; ++i) y[i] += s[i];
-    }
+    shared_.start_then_wait(layer, x, ep_.options().overlap, st, req.get());
+    shared_.add_to(y);
   }
 
  private:
   EpMoeLayer& ep_;
   Routing routing_;
-  Tensor shared_;
+  dispatch::SharedRun shared_;
 };
 
 }  // namespace

@@ -5,6 +5,9 @@
 //   experts  : the receiver runs every (record, slot) for its experts
 //   combine  : per-slot outputs return to the source in the order it sent them; the
 //              source sums the k slots in slot order (MoE-TP partials in rank order)
+// W8A8: rows travel as Q8 rows (int8 + an f32 scale tail: about a quarter of f32, half
+// of bf16); with per-expert smooth vectors a token is sent once per (token, slot) as a
+// record whose other ids are -1, quantised for that slot's expert.
 // The shared experts run while the dispatch is in flight. With tp = 1 the output is
 // bitwise identical to the single-rank layer for any EP size.
 #include <cstring>
@@ -26,9 +29,9 @@ class AllToAll final : public MoeStrategy {
     const Placement& pl = ep_.placement();
     const int R = comm.size(), me = comm.rank(), tp = pl.tp();
     const int64_t T = x.dim(0), H = layer.config().hidden_size, k = layer.config().top_k;
-    const DType ct = layer.compute_dtype();
-    const size_t row_bytes = static_cast<size_t>(H) * dtype_size(ct);
+    const size_t row_bytes = layer.act_row_bytes();
     const size_t rec = k * sizeof(int32_t) + row_bytes;
+    const bool per_slot = layer.quantized() && !layer.smooth_uniform();
     const int64_t my_begin = layer.weights().expert_begin;
 
     // ---- layout: which ranks each token goes to, and how many slots each serves.
@@ -36,15 +39,20 @@ class AllToAll final : public MoeStrategy {
     {
       ScopedTimer timer(st.compute_s);
       layer.route(x, routing_);
-      rows_.resize(static_cast<size_t>(T) * row_bytes);
-      dispatch::convert_rows(x, ct, rows_.data());
+      if (!per_slot) {
+        rows_.resize(static_cast<size_t>(T) * row_bytes);
+        dispatch::token_rows(layer, x, rows_.data());
+      }
       dest_.assign(T * R, 0);  // dest_[t*R + d]: token t goes to rank d
       for (int64_t t = 0; t < T; ++t)
         for (int64_t j = 0; j < k; ++j) {
           const int first = pl.first_rank(routing_.ids[t * k + j]);
           for (int q = 0; q < tp; ++q) {
             ++slots_to[first + q];
-            if (!dest_[t * R + first + q]) {
+            if (per_slot) {
+              dest_[t * R + first + q] = 1;
+              ++n_send[first + q];
+            } else if (!dest_[t * R + first + q]) {
               dest_[t * R + first + q] = 1;
               ++n_send[first + q];
             }
@@ -77,6 +85,20 @@ class AllToAll final : public MoeStrategy {
       for (int d = 0; d < R; ++d) {
         for (int64_t t = 0; t < T; ++t) {
           if (!dest_[t * R + d]) continue;
+          if (per_slot) {  // one record per slot served by d, in slot order
+            for (int64_t j = 0; j < k; ++j) {
+              const int32_t e = routing_.ids[t * k + j];
+              const int first = pl.first_rank(e);
+              if (d < first || d >= first + tp) continue;
+              char* r = send_.data() + cursor[d];
+              cursor[d] += rec;
+              int32_t* ids = reinterpret_cast<int32_t*>(r);
+              for (int64_t i = 0; i < k; ++i) ids[i] = i == j ? e : -1;
+              layer.quantize_for_expert(static_cast<const char*>(x.raw()) + t * H * dtype_size(x.dtype()), x.dtype(),
+                                        e, r + k * sizeof(int32_t));
+            }
+            continue;
+          }
           char* r = send_.data() + cursor[d];
           cursor[d] += rec;
           int32_t* ids = reinterpret_cast<int32_t*>(r);
@@ -93,13 +115,7 @@ class AllToAll final : public MoeStrategy {
     auto req = comm.iall_to_all_v(send_.data(), sb, so, recv_.data(), rb, ro);
     for (int r = 0; r < R; ++r)
       if (r != me) st.bytes_sent += static_cast<double>(sb[r]);
-    shared_ = MoeScratch::ensure(shared_, T, H, DType::F32);
-    dispatch::SharedRun shared;
-    shared.start(layer, x, shared_.data<float>(), ep_.options().overlap, st);
-    if (req) {
-      ScopedTimer timer(st.comm_wait_s);
-      req->wait();
-    }
+    shared_.start_then_wait(layer, x, ep_.options().overlap, st, req.get());
 
     // ---- experts: every (record, slot) of this rank's experts, in arrival order.
     std::vector<size_t> items_from(R, 0);
@@ -158,11 +174,8 @@ class AllToAll final : public MoeStrategy {
         }
       }
       dispatch::combine_slots(routing_.weights.data(), T, k, tp, parts_, H, y);
-      if (shared.finish()) {
-        const float* s = shared_.data<float>();
-        for (int64_t i = 0; i < T * H; ++i) y[i] += s[i];
-      }
     }
+    shared_.add_to(y);
   }
 
  private:
@@ -171,7 +184,8 @@ class AllToAll final : public MoeStrategy {
   std::vector<char> dest_, rows_, send_, recv_;
   dispatch::LocalItems items_;
   std::vector<const float*> parts_;
-  Tensor out_, ret_, shared_;
+  Tensor out_, ret_;
+  dispatch::SharedRun shared_;
 };
 
 }  // namespace

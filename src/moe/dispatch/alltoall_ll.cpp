@@ -31,7 +31,7 @@ class AllToAllLL final : public MoeStrategy {
     const int64_t H = layer.config().hidden_size, k = layer.config().top_k;
     const int R = ep_.comm().size();
     cap_ = ep_.options().max_tokens_per_rank * std::min<int64_t>(k, ep_.placement().max_local());
-    rec_ = sizeof(RecordHead) + static_cast<size_t>(H) * dtype_size(layer.compute_dtype());
+    rec_ = sizeof(RecordHead) + layer.act_row_bytes();  // W8A8: a Q8 row (int8 + f32 scale)
     // Block: 8-byte count, then cap_ records. Results: cap_ rows of H floats.
     block_ = sizeof(int64_t) + cap_ * rec_;
     ret_block_ = cap_ * H * sizeof(float);
@@ -48,8 +48,8 @@ class AllToAllLL final : public MoeStrategy {
     const Placement& pl = ep_.placement();
     const int R = comm.size(), me = comm.rank(), tp = pl.tp();
     const int64_t T = x.dim(0), H = layer.config().hidden_size, k = layer.config().top_k;
-    const DType ct = layer.compute_dtype();
-    const size_t row_bytes = static_cast<size_t>(H) * dtype_size(ct);
+    const size_t row_bytes = layer.act_row_bytes();
+    const bool per_slot = layer.quantized() && !layer.smooth_uniform();
     MOE_CHECK(T <= ep_.options().max_tokens_per_rank,
               "alltoall-ll: this rank holds {} tokens, more than --max-tokens-per-rank {}", T,
               ep_.options().max_tokens_per_rank);
@@ -59,7 +59,7 @@ class AllToAllLL final : public MoeStrategy {
       ScopedTimer timer(st.compute_s);
       layer.route(x, routing_);
       rows_.resize(static_cast<size_t>(T) * row_bytes);
-      dispatch::convert_rows(x, ct, rows_.data());
+      if (!per_slot) dispatch::token_rows(layer, x, rows_.data());
       for (int64_t t = 0; t < T; ++t)
         for (int64_t j = 0; j < k; ++j) {
           const int32_t e = routing_.ids[t * k + j];
@@ -71,7 +71,11 @@ class AllToAllLL final : public MoeStrategy {
             char* r = send_.data() + d * block_ + sizeof(int64_t) + count[d]++ * rec_;
             const RecordHead head{static_cast<int32_t>(pl.local_index(e)), static_cast<int32_t>(t * k + j)};
             std::memcpy(r, &head, sizeof head);
-            std::memcpy(r + sizeof head, rows_.data() + t * row_bytes, row_bytes);
+            if (per_slot)  // W8A8 with per-expert smooth: quantised for this slot's expert
+              layer.quantize_for_expert(static_cast<const char*>(x.raw()) + t * H * dtype_size(x.dtype()), x.dtype(),
+                                        e, r + sizeof head);
+            else
+              std::memcpy(r + sizeof head, rows_.data() + t * row_bytes, row_bytes);
           }
         }
       for (int d = 0; d < R; ++d) std::memcpy(send_.data() + d * block_, &count[d], sizeof(int64_t));
@@ -80,13 +84,7 @@ class AllToAllLL final : public MoeStrategy {
     for (int r = 0; r < R; ++r) off[r] = r * block_;
     auto req = comm.iall_to_all_v(send_.data(), b, off, recv_.data(), b, off);
     st.bytes_sent += static_cast<double>(block_) * (R - 1);
-    shared_ = MoeScratch::ensure(shared_, T, H, DType::F32);
-    dispatch::SharedRun shared;
-    shared.start(layer, x, shared_.data<float>(), ep_.options().overlap, st);
-    if (req) {
-      ScopedTimer timer(st.comm_wait_s);
-      req->wait();
-    }
+    shared_.start_then_wait(layer, x, ep_.options().overlap, st, req.get());
 
     {
       ScopedTimer timer(st.compute_s);
@@ -133,11 +131,8 @@ class AllToAllLL final : public MoeStrategy {
         }
       }
       dispatch::combine_slots(routing_.weights.data(), T, k, tp, parts_, H, y);
-      if (shared.finish()) {
-        const float* s = shared_.data<float>();
-        for (int64_t i = 0; i < T * H; ++i) y[i] += s[i];
-      }
     }
+    shared_.add_to(y);
     (void)me;
   }
 
@@ -151,7 +146,8 @@ class AllToAllLL final : public MoeStrategy {
   Routing routing_;
   dispatch::LocalItems items_;
   std::vector<const float*> parts_;
-  Tensor out_, shared_;
+  Tensor out_;
+  dispatch::SharedRun shared_;
 };
 
 }  // namespace

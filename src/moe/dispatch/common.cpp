@@ -26,13 +26,24 @@ void convert_rows(const Tensor& x, DType dtype, void* dst) {
   }
 }
 
+void token_rows(const MoeLayer& layer, const Tensor& x, void* dst) {
+  if (!layer.quantized()) return convert_rows(x, layer.compute_dtype(), dst);
+  const int64_t T = x.dim(0), H = x.dim(1);
+  const size_t in_row = static_cast<size_t>(H) * dtype_size(x.dtype()), out_row = layer.act_row_bytes();
+  const auto* src = static_cast<const char*>(x.raw());
+  auto* d = static_cast<char*>(dst);
+  // Uniform smooth: any expert's quantisation is every expert's (expert 0's here).
+#pragma omp parallel for schedule(static) if (T * H >= (1 << 15))
+  for (int64_t t = 0; t < T; ++t) layer.quantize_for_expert(src + t * in_row, x.dtype(), 0, d + t * out_row);
+}
+
 void run_local_items(MoeLayer& layer, const LocalItems& items, float* out) {
   const int64_t n = static_cast<int64_t>(items.rows.size());
   if (n == 0) return;
   const MoeLayerWeights& w = layer.weights();
   const int64_t n_local = w.n_local(), H = layer.config().hidden_size;
   const DType ct = layer.compute_dtype();
-  const size_t row_bytes = static_cast<size_t>(H) * dtype_size(ct);
+  const size_t row_bytes = layer.act_row_bytes();
   std::vector<int64_t> offsets(n_local + 1, 0);
   for (int32_t le : items.local_expert) {
     MOE_DCHECK(le >= 0 && le < n_local);
@@ -43,7 +54,8 @@ void run_local_items(MoeLayer& layer, const LocalItems& items, float* out) {
   for (int64_t i = 0; i < n; ++i) pos[i] = cursor[items.local_expert[i]]++;
 
   MoeScratch& s = layer.scratch();
-  Tensor& a = MoeScratch::ensure(s.a, n, H, ct);
+  Tensor& a = layer.quantized() ? MoeScratch::ensure(s.a, n, static_cast<int64_t>(row_bytes), DType::I8)
+                                : MoeScratch::ensure(s.a, n, H, ct);
   char* abase = static_cast<char*>(a.raw());
 #pragma omp parallel for schedule(static) if (n * H >= (1 << 16))
   for (int64_t i = 0; i < n; ++i) std::memcpy(abase + pos[i] * row_bytes, items.rows[i], row_bytes);
@@ -152,31 +164,41 @@ SideThread& side_thread() {
   return side;
 }
 
-void SharedRun::start(MoeLayer& layer, const Tensor& x, float* y, bool overlap, EpStats& stats) {
+void SharedRun::start_then_wait(MoeLayer& layer, const Tensor& x, bool overlap, EpStats& stats, CommRequest* req) {
   layer_ = &layer;
   x_ = x;
-  y_ = y;
   stats_ = &stats;
-  async_ = overlap && layer.weights().shared.has_value() && x.dim(0) > 0;
-  if (!async_) return;
-  const int nt = num_threads();
-  side_thread().start([this, nt] {
-    set_num_threads(nt);
-    ScopedTimer t(stats_->shared_s);
-    layer_->shared_experts(x_, y_, /*accumulate=*/false);
-  });
+  const int64_t T = x.dim(0), H = layer.config().hidden_size;
+  const bool has = layer.weights().shared.has_value() && T > 0;
+  if (has) out_ = MoeScratch::ensure(out_, T, H, DType::F32);
+  async_ = overlap && has;
+  if (async_) {
+    const int nt = num_threads();
+    side_thread().start([this, nt] {
+      set_num_threads(nt);
+      ScopedTimer t(stats_->shared_s);
+      layer_->shared_experts(x_, out_.data<float>(), /*accumulate=*/false);
+    });
+  }
+  if (req) {
+    ScopedTimer t(stats.comm_wait_s);
+    req->wait();
+  }
 }
 
-bool SharedRun::finish() {
-  if (!layer_ || !layer_->weights().shared.has_value()) return false;
+void SharedRun::add_to(float* y) {
+  const int64_t T = x_.dim(0), H = layer_->config().hidden_size;
+  if (!layer_->weights().shared.has_value() || T == 0) return;
   if (async_) {
-    ScopedTimer t(stats_->comm_wait_s);  // not communication, but time this thread waits
+    ScopedTimer t(stats_->comm_wait_s);  // not communication, but time this thread is blocked
     side_thread().join();
-  } else if (x_.dim(0) > 0) {
+  } else {
     ScopedTimer t(stats_->shared_s);
-    layer_->shared_experts(x_, y_, /*accumulate=*/false);
+    layer_->shared_experts(x_, out_.data<float>(), /*accumulate=*/false);
   }
-  return x_.dim(0) > 0;
+  ScopedTimer t(stats_->compute_s);
+  const float* s = out_.data<float>();
+  for (int64_t i = 0; i < T * H; ++i) y[i] += s[i];
 }
 
 }  // namespace moe::dispatch

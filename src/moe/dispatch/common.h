@@ -27,8 +27,14 @@ class ScopedTimer {
 // Converts rows of x [T, H] (f32/bf16/f16) to `dtype` into dst (T * H elements).
 void convert_rows(const Tensor& x, DType dtype, void* dst);
 
+// The rows tokens travel as, layer.act_row_bytes() each: x converted to the compute
+// dtype, or under W8A8 one Q8 row per token (int8 payload + f32 scale tail, quantised
+// exactly as the receiver's expand would). W8A8 with per-expert smooth vectors
+// (!layer.smooth_uniform()) quantises per slot instead: see quantize_for_expert.
+void token_rows(const MoeLayer& layer, const Tensor& x, void* dst);
+
 // The receiving side of the all-to-all strategies: item i is one row of H values
-// in the layer's compute dtype at rows[i], for local expert local_expert[i]. Runs
+// in the layer's compute dtype (W8A8: a Q8 row) at rows[i], for local expert local_expert[i]. Runs
 // the experts on all items (grouped by expert with a stable sort, so rows keep
 // their arrival order inside an expert) and writes item i's f32 output to
 // out + i * H.
@@ -60,13 +66,16 @@ class SideThread;
 // persistent, so its OpenMP team stays warm; one call at a time.
 class SharedRun {
  public:
-  void start(MoeLayer& layer, const Tensor& x, float* y, bool overlap, EpStats& stats);
-  bool finish();
+  // Starts shared(x) (on the side thread when overlapping), then waits for `req`
+  // (may be null), counting that wait as communication.
+  void start_then_wait(MoeLayer& layer, const Tensor& x, bool overlap, EpStats& stats, CommRequest* req);
+  // Finishes the shared experts and adds their output to y [T, H] f32.
+  void add_to(float* y);
 
  private:
   MoeLayer* layer_ = nullptr;
   Tensor x_;
-  float* y_ = nullptr;
+  Tensor out_;  // [T, H] f32
   EpStats* stats_ = nullptr;
   bool async_ = false;
 };

@@ -1,0 +1,184 @@
+// W8A8 grouped-GEMM task runner on AVX512-VNNI (vpdpbusd). Layout: grouped_gemm_impl.h.
+//
+// vpdpbusd multiplies UNSIGNED bytes of its first source by SIGNED bytes of the second,
+// summing groups of 4 into int32 lanes. The activations are signed int8, so each A quad
+// is XORed with 0x80808080 (q + 128 as u8, done on the 32-bit scalar before the
+// broadcast: free next to the 4 vpdpbusd it feeds per row) and the epilogue subtracts the
+// per-column compensation 128 * sum_k q_w[col, k] computed at pack time. The int32 result
+// equals sum q_a * q_w exactly (no overflow: |sum| <= K * 255 * 127 < 2^31 for K < 66k).
+//
+// Same blocking as the bf16 kernel: MR (<= 6) rows x 64 columns = MR x 4 zmm int32
+// accumulators, one panel k quad (256 contiguous bytes, 4 zmm) per step reused by MR
+// rows. Decode streams each weight byte once (half the bytes of bf16), prefill re-reads
+// the panel (K/4 * 256 B = 128 KiB at K = 2048) from L2 for the later row blocks.
+// Epilogue: (float)(acc - comp) * a_scale[row] * w_scale[col], the gated activation on
+// the f32 values (ActMath, the same operations as the portable runner), store.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/grouped_gemm_impl.h"
+
+namespace moe::gg {
+namespace {
+
+constexpr int kPrefetchBytes = 4096;  // as the bf16 kernel (grouped_gemm_avx512.cpp)
+constexpr int kMR = 6;
+
+struct Ops {
+  using V = __m512;
+  static V c(float x) { return _mm512_set1_ps(x); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V abs(V a) { return _mm512_abs_ps(a); }
+  static V rint(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V pow2n(V n) {
+    const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+  }
+  static V select_nonneg(V g, V a, V b) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ), b, a);
+  }
+};
+
+inline __mmask16 col_mask(int nv, int first) {
+  const int m = nv - first;
+  return m >= 16 ? __mmask16(0xffff) : m <= 0 ? __mmask16(0) : __mmask16((1u << m) - 1);
+}
+
+// RNE f32 -> bf16, bit-identical to moe::f32_to_bf16.
+inline __m256i to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
+}
+
+inline void store16(const Job& j, char* crow, int64_t col, __m512 v, __mmask16 m) {
+  if (!m) return;
+  if (j.c_dtype == DType::F32) {
+    _mm512_mask_storeu_ps(reinterpret_cast<float*>(crow) + col, m, v);
+  } else {
+    _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(crow) + col, m, to_bf16(v));
+  }
+}
+
+template <int MR>
+inline void epilogue(const Job& j, __m512i (&acc)[MR][4], const char* a0, const float* ws, const int32_t* wc,
+                     char* c0, int64_t col0, int nv) {
+  __m512i comp[4];
+  __m512 scale[4];
+  for (int q = 0; q < 4; ++q) {
+    comp[q] = _mm512_loadu_si512(wc + 16 * q);
+    scale[q] = _mm512_loadu_ps(ws + 16 * q);
+  }
+  for (int r = 0; r < MR; ++r) {
+    char* crow = c0 + r * j.ldc_bytes;
+    for (int q = 0; q < 4; ++q) acc[r][q] = _mm512_sub_epi32(acc[r][q], comp[q]);
+    if (j.c_dtype == DType::I32) {
+      for (int q = 0; q < 4; ++q)
+        if (const __mmask16 m = col_mask(nv, 16 * q))
+          _mm512_mask_storeu_epi32(reinterpret_cast<int32_t*>(crow) + col0 + 16 * q, m, acc[r][q]);
+      continue;
+    }
+    float as;
+    std::memcpy(&as, a0 + r * j.lda_bytes + j.a_scale_off, 4);
+    const __m512 vas = _mm512_set1_ps(as);
+    __m512 t[4];
+    for (int q = 0; q < 4; ++q) t[q] = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][q]), vas), scale[q]);
+    if (j.gated) {
+      for (int h = 0; h < 2; ++h) {
+        const __m512 g = ActMath<Ops>::gate(j.act, t[h]);
+        store16(j, crow, col0 + 16 * h, _mm512_mul_ps(g, t[2 + h]), col_mask(nv, 16 * h));
+      }
+    } else {
+      for (int q = 0; q < 4; ++q) store16(j, crow, col0 + 16 * q, t[q], col_mask(nv, 16 * q));
+    }
+  }
+}
+
+inline uint32_t load_u32(const char* p) {
+  uint32_t u;
+  std::memcpy(&u, p, 4);
+  return u;
+}
+
+template <int MR, int PFD>
+inline void microkernel(const Job& j, const char* panel, const char* a0, int64_t S, __m512i (&acc)[MR][4]) {
+  const char* ar[MR];
+  for (int r = 0; r < MR; ++r) ar[r] = a0 + r * j.lda_bytes;
+  for (int64_t p = 0; p < S; ++p) {
+    const char* bp = panel + p * 256;
+    if constexpr (PFD > 0) {
+      _mm_prefetch(bp + PFD, _MM_HINT_T0);
+      _mm_prefetch(bp + PFD + 64, _MM_HINT_T0);
+      _mm_prefetch(bp + PFD + 128, _MM_HINT_T0);
+      _mm_prefetch(bp + PFD + 192, _MM_HINT_T0);
+    }
+    const __m512i b0 = _mm512_load_si512(bp), b1 = _mm512_load_si512(bp + 64);
+    const __m512i b2 = _mm512_load_si512(bp + 128), b3 = _mm512_load_si512(bp + 192);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(load_u32(ar[r] + 4 * p) ^ 0x80808080u));
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], a, b0);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], a, b1);
+      acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], a, b2);
+      acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], a, b3);
+    }
+  }
+}
+
+template <int MR>
+void block(const Job& j, const char* panel, const char* a0, int64_t S, bool first, const float* ws, const int32_t* wc,
+           char* c0, int64_t col0, int nv) {
+  __m512i acc[MR][4];
+  for (int r = 0; r < MR; ++r)
+    for (int q = 0; q < 4; ++q) acc[r][q] = _mm512_setzero_si512();
+  if (first)
+    microkernel<MR, kPrefetchBytes>(j, panel, a0, S, acc);
+  else
+    microkernel<MR, 0>(j, panel, a0, S, acc);
+  epilogue<MR>(j, acc, a0, ws, wc, c0, col0, nv);
+}
+
+}  // namespace
+
+void run_task_avx512_vnni_i8(const Job& j, const Task& t) {
+  const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0;
+  const int64_t per = j.gated ? kGateCols : kPanel;
+  const int64_t S = (j.k + 3) / 4;
+  const int64_t nb = (rows + kMR - 1) / kMR;
+  for (int64_t P = t.p0; P < t.p1; ++P) {
+    const char* panel = j.w + t.expert * j.expert_stride + P * j.panel_stride;
+    const float* ws = j.w_scale + t.expert * j.q_stride + P * kPanel;
+    const int32_t* wc = j.w_comp + t.expert * j.q_stride + P * kPanel;
+    const int nv = valid_cols(j, P);
+    const int64_t c0 = P * per;
+    int64_t row = r0;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int mr = static_cast<int>(rows / nb + (b < rows % nb ? 1 : 0));
+      const char* a = j.a + row * j.lda_bytes;
+      char* c = j.c + row * j.ldc_bytes;
+      const bool first = b == 0;
+      switch (mr) {
+        case 1: block<1>(j, panel, a, S, first, ws, wc, c, c0, nv); break;
+        case 2: block<2>(j, panel, a, S, first, ws, wc, c, c0, nv); break;
+        case 3: block<3>(j, panel, a, S, first, ws, wc, c, c0, nv); break;
+        case 4: block<4>(j, panel, a, S, first, ws, wc, c, c0, nv); break;
+        case 5: block<5>(j, panel, a, S, first, ws, wc, c, c0, nv); break;
+        default: block<6>(j, panel, a, S, first, ws, wc, c, c0, nv); break;
+      }
+      row += mr;
+    }
+  }
+}
+
+}  // namespace moe::gg

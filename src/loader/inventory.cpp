@@ -1,0 +1,138 @@
+#include "loader/inventory.h"
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+#include "moe/placement.h"
+
+namespace moe {
+
+const char* tensor_kind_name(TensorKind k) {
+  switch (k) {
+    case TensorKind::Attention: return "attention";
+    case TensorKind::DenseMlp: return "dense MLP";
+    case TensorKind::Experts: return "experts";
+    case TensorKind::SharedExperts: return "shared experts";
+    case TensorKind::Router: return "router";
+    case TensorKind::Norm: return "norms";
+    case TensorKind::Embedding: return "embeddings";
+    case TensorKind::LmHead: return "lm_head";
+    case TensorKind::Other: return "other";
+  }
+  return "?";
+}
+
+TensorKind classify_tensor(const std::string& key) {
+  auto has = [&](const char* s) { return key.find(s) != std::string::npos; };
+  if (has("embed_tokens")) return TensorKind::Embedding;
+  if (key.starts_with("lm_head")) return TensorKind::LmHead;
+  if (has("shared_expert")) return TensorKind::SharedExperts;  // shared_expert(s), shared_expert_gate
+  if (has(".experts.")) return TensorKind::Experts;
+  if (has("e_score_correction_bias") || key.ends_with(".mlp.gate.weight") ||
+      key.ends_with(".block_sparse_moe.gate.weight"))
+    return TensorKind::Router;
+  if (has("norm.") || has("layernorm") || key.ends_with("norm")) return TensorKind::Norm;
+  if (has(".self_attn.") || has(".attention.")) return TensorKind::Attention;
+  if (has(".mlp.")) return TensorKind::DenseMlp;
+  return TensorKind::Other;
+}
+
+uint64_t Inventory::non_expert_bytes() const {
+  auto it = kinds.find(TensorKind::Experts);
+  return tensor_bytes - (it == kinds.end() ? 0 : it->second.bytes);
+}
+
+Inventory take_inventory(const Checkpoint& ck) {
+  Inventory inv;
+  inv.n_files = ck.open_all_shards();
+  inv.file_bytes = ck.total_file_bytes();
+  inv.header_bytes = ck.header_bytes_opened();
+  for (const std::string& key : ck.keys()) {
+    const TensorInfo& ti = ck.info(key);
+    KindTotals& k = inv.kinds[classify_tensor(key)];
+    ++k.count;
+    k.bytes += ti.nbytes;
+    ++inv.n_tensors;
+    inv.tensor_bytes += ti.nbytes;
+  }
+  return inv;
+}
+
+std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, const Inventory& inv, int ep, int tp,
+                                DType compute) {
+  MOE_CHECK(ep >= 1 && tp >= 1, "--ep and --tp must be positive (got --ep {} --tp {})", ep, tp);
+  MOE_CHECK(ep <= cfg.n_experts, "--ep {} exceeds the {} routed experts", ep, cfg.n_experts);
+  MOE_CHECK(cfg.moe_intermediate_size % tp == 0, "--tp {} does not divide the experts' moe_intermediate_size {}", tp,
+            cfg.moe_intermediate_size);
+  const Placement pl = Placement::contiguous(cfg.n_experts, ep, tp);
+  std::vector<RankPlan> plans;
+  for (int r = 0; r < ep * tp; ++r) {
+    RankPlan p;
+    p.rank = r;
+    p.ep_rank = r / tp;
+    p.tp_rank = r % tp;
+    p.expert_begin = pl.begin(p.ep_rank);
+    p.expert_end = pl.end(p.ep_rank);
+    p.non_expert_bytes = inv.non_expert_bytes();
+    p.header_bytes = inv.header_bytes;
+    MlpLoadOptions opt;
+    opt.expert_begin = p.expert_begin;
+    opt.expert_end = p.expert_end;
+    opt.tp_rank = p.tp_rank;
+    opt.tp_size = tp;
+    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      if (!cfg.is_moe_layer(l)) continue;
+      for (const LayerRead& rd : mlp_layer_reads(ck, cfg, l, opt)) {
+        const bool expert = rd.role == LayerRead::ExpertGate || rd.role == LayerRead::ExpertUp ||
+                            rd.role == LayerRead::ExpertDown || rd.role == LayerRead::FusedGateUp ||
+                            rd.role == LayerRead::FusedDown;
+        if (!expert || !ck.has(rd.key)) continue;
+        const TensorInfo& ti = ck.info(rd.key);
+        if (ti.shape != rd.full_shape) continue;
+        p.expert_bytes += plan_shard(rd.key, rd.full_shape, rd.rule, rd.rank, rd.size).bytes_viewed(dtype_size(ti.dtype));
+      }
+      p.resident_expert_bytes += static_cast<uint64_t>(p.expert_end - p.expert_begin) * 3 *
+                                 static_cast<uint64_t>(cfg.moe_intermediate_size / tp) * cfg.hidden_size *
+                                 dtype_size(compute);
+    }
+    plans.push_back(p);
+  }
+  return plans;
+}
+
+std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfig& cfg) {
+  std::vector<TensorProblem> out;
+  const auto keys = ck.keys();
+  // Every layer needs at least one tensor: a config claiming more layers than the
+  // checkpoint has tensors is wrong (and would make us enumerate forever).
+  if (static_cast<uint64_t>(cfg.n_layers) > keys.size()) {
+    out.push_back({TensorProblem::Missing, "model.layers",
+                   fmt::format("config.json: num_hidden_layers={} but {} holds only {} tensors", cfg.n_layers, ck.dir(),
+                               keys.size())});
+    return out;
+  }
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    for (auto& p : check_mlp_block(ck, cfg, l, 64)) out.push_back(std::move(p));
+    for (auto& k : unexpected_mlp_tensors(ck, cfg, l))
+      out.push_back({TensorProblem::Unexpected, k,
+                     fmt::format("layer {}: unexpected tensor '{}' in {} (not used by the {} name map)", l, k,
+                                 ck.file_of(k), cfg.model_type)});
+  }
+  // Layers past the config's count.
+  for (const std::string& k : keys) {
+    if (!k.starts_with("model.layers.")) continue;
+    int64_t l = 0;
+    size_t i = 13, digits = 0;
+    while (i < k.size() && k[i] >= '0' && k[i] <= '9' && digits < 12) {
+      l = l * 10 + (k[i++] - '0');
+      ++digits;
+    }
+    if (digits > 0 && l >= cfg.n_layers)
+      out.push_back({TensorProblem::Unexpected, k,
+                     fmt::format("unexpected tensor '{}' in {}: layer {} but num_hidden_layers={}", k, ck.file_of(k),
+                                 l, cfg.n_layers)});
+  }
+  return out;
+}
+
+}  // namespace moe

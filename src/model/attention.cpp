@@ -1,0 +1,238 @@
+#include "model/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/check.h"
+
+namespace moe {
+
+float* AttnScratch::ensure(Tensor& t, int64_t n) {
+  n = std::max<int64_t>(n, 1);
+  if (!t.defined() || t.numel() < n) t = Tensor::empty({n}, DType::F32);
+  return t.data<float>();
+}
+
+namespace {
+
+std::vector<int32_t> seq_of_tokens(const StepBatch& b) {
+  std::vector<int32_t> out(b.n_tokens());
+  for (size_t s = 0; s < b.seqs.size(); ++s)
+    for (int64_t i = 0; i < b.seqs[s].n; ++i) out[b.seqs[s].first + i] = static_cast<int32_t>(s);
+  return out;
+}
+
+// Softmax of scores[0..n) in place (f32, max-subtracted, as torch.softmax).
+void softmax_inplace(float* sc, int64_t n) {
+  float mx = sc[0];
+  for (int64_t j = 1; j < n; ++j) mx = std::max(mx, sc[j]);
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    sc[j] = std::exp(sc[j] - mx);
+    sum += sc[j];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t j = 0; j < n; ++j) sc[j] *= inv;
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void check_heads(const char* what, int64_t n, int tp) {
+  MOE_CHECK(n % tp == 0, "--tp {} does not divide the model's {} {} (attention heads are split over the TP ranks)",
+            tp, n, what);
+}
+
+Tensor load_norm(const Checkpoint& ck, const std::string& key, int64_t n) {
+  return load_f32(ck, key + ".weight", {n});
+}
+
+}  // namespace
+
+// ---- GQA ---------------------------------------------------------------------------
+
+GqaAttention::GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& k, DType dt, int r,
+                           int tp) {
+  check_heads("attention heads", cfg.n_heads, tp);
+  check_heads("key/value heads", cfg.n_kv_heads, tp);
+  n_heads_ = cfg.n_heads / tp;
+  n_kv_ = cfg.n_kv_heads / tp;
+  head_dim_ = cfg.head_dim;
+  eps_ = cfg.rms_eps;
+  scale_ = cfg.attn_scale;
+  RopeConfig rc = cfg.rope;
+  rc.dim = head_dim_;
+  rope_ = Rope(rc);
+  const int64_t H = cfg.hidden_size, hd = head_dim_;
+  const ShardSpec col{Split::Column, r, tp}, row{Split::Row, r, tp};
+  q_ = load_linear(ck, k.q, cfg.n_heads * hd, H, dt, col);
+  k_ = load_linear(ck, k.k, cfg.n_kv_heads * hd, H, dt, col);
+  v_ = load_linear(ck, k.v, cfg.n_kv_heads * hd, H, dt, col);
+  o_ = load_linear(ck, k.o, H, cfg.n_heads * hd, dt, row);
+  if (!k.q_norm.empty()) {
+    q_norm_ = load_norm(ck, k.q_norm, hd);
+    k_norm_ = load_norm(ck, k.k_norm, hd);
+  }
+}
+
+void GqaAttention::forward(const AttnContext& c, const float* x, float* out, AttnScratch& s) const {
+  const StepBatch& b = *c.batch;
+  const int64_t T = b.n_tokens(), hd = head_dim_, nq = n_heads_ * hd, nkv = n_kv_ * hd;
+  if (T == 0) return;
+  float* q = AttnScratch::ensure(s.q, T * nq);
+  float* k = AttnScratch::ensure(s.k, T * nkv);
+  float* v = AttnScratch::ensure(s.v, T * nkv);
+  float* ctx = AttnScratch::ensure(s.ctx, T * nq);
+  linear_forward(q_, x, T, q, s.lin);
+  linear_forward(k_, x, T, k, s.lin);
+  linear_forward(v_, x, T, v, s.lin);
+  if (q_norm_.defined()) {
+    rms_norm(q, q_norm_.data<float>(), T * n_heads_, hd, eps_, q);
+    rms_norm(k, k_norm_.data<float>(), T * n_kv_, hd, eps_, k);
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    rope_.apply(q + t * nq, n_heads_, hd, *c.rope, t);
+    rope_.apply(k + t * nkv, n_kv_, hd, *c.rope, t);
+  }
+  for (const SeqSpan& sp : b.seqs)
+    for (int64_t i = 0; i < sp.n; ++i) {
+      std::memcpy(c.cache->a(c.layer, sp.slot, sp.start_pos + i), k + (sp.first + i) * nkv, nkv * sizeof(float));
+      std::memcpy(c.cache->b(c.layer, sp.slot, sp.start_pos + i), v + (sp.first + i) * nkv, nkv * sizeof(float));
+    }
+  const std::vector<int32_t> seq = seq_of_tokens(b);
+  const int64_t group = n_heads_ / n_kv_, max_seq = c.cache->max_seq();
+  const float scale = static_cast<float>(scale_);
+  KvCache& cache = *c.cache;
+#pragma omp parallel
+  {
+    std::vector<float> sc(max_seq);
+#pragma omp for schedule(dynamic) collapse(2)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < n_heads_; ++h) {
+        const SeqSpan& sp = b.seqs[seq[t]];
+        const int64_t n_ctx = b.positions[t] + 1, kvh = h / group;
+        const float* qh = q + t * nq + h * hd;
+        for (int64_t j = 0; j < n_ctx; ++j) sc[j] = dot(qh, cache.a(c.layer, sp.slot, j) + kvh * hd, hd) * scale;
+        softmax_inplace(sc.data(), n_ctx);
+        float* o = ctx + t * nq + h * hd;
+        std::fill(o, o + hd, 0.f);
+        for (int64_t j = 0; j < n_ctx; ++j) {
+          const float* vj = cache.b(c.layer, sp.slot, j) + kvh * hd;
+          for (int64_t d = 0; d < hd; ++d) o[d] += sc[j] * vj[d];
+        }
+      }
+  }
+  linear_forward(o_, ctx, T, out, s.lin);
+}
+
+// ---- MLA ---------------------------------------------------------------------------
+
+MlaAttention::MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& k, DType dt, int r,
+                           int tp) {
+  check_heads("attention heads", cfg.n_heads, tp);
+  n_heads_ = cfg.n_heads / tp;
+  q_lora_ = cfg.q_lora_rank;
+  kv_lora_ = cfg.kv_lora_rank;
+  nope_ = cfg.qk_nope_head_dim;
+  rope_dim_ = cfg.qk_rope_head_dim;
+  v_dim_ = cfg.v_head_dim;
+  eps_ = cfg.rms_eps;
+  scale_ = cfg.attn_scale;
+  RopeConfig rc = cfg.rope;
+  rc.dim = rope_dim_;
+  rope_ = Rope(rc);
+  const int64_t H = cfg.hidden_size, nh = cfg.n_heads, qk = nope_ + rope_dim_;
+  const ShardSpec col{Split::Column, r, tp}, row{Split::Row, r, tp};
+  if (q_lora_ > 0) {
+    q_a_ = load_linear(ck, k.q_a, q_lora_, H, dt);
+    q_a_norm_ = load_norm(ck, k.q_a_norm, q_lora_);
+    q_b_ = load_linear(ck, k.q_b, nh * qk, q_lora_, dt, col);
+  } else {
+    q_ = load_linear(ck, k.q, nh * qk, H, dt, col);
+  }
+  kv_a_ = load_linear(ck, k.kv_a, kv_lora_ + rope_dim_, H, dt);
+  kv_a_norm_ = load_norm(ck, k.kv_a_norm, kv_lora_);
+  // kv_b_proj [nh*(nope+v), kv_lora]: per head nope rows of W_UK then v rows of W_UV.
+  Tensor kv_b = load_slice_f32(ck, k.kv_b + ".weight", {nh * (nope_ + v_dim_), kv_lora_}, col);
+  if (dt == DType::BF16)  // the bf16 engine holds bf16 weights: round them the same way
+    for (int64_t i = 0; i < kv_b.numel(); ++i) kv_b.data<float>()[i] = round_bf16(kv_b.data<float>()[i]);
+  w_uk_ = Tensor::empty({n_heads_, nope_, kv_lora_}, DType::F32);
+  w_uv_ = Tensor::empty({n_heads_, v_dim_, kv_lora_}, DType::F32);
+  for (int64_t h = 0; h < n_heads_; ++h) {
+    const float* src = kv_b.data<float>() + h * (nope_ + v_dim_) * kv_lora_;
+    std::memcpy(w_uk_.data<float>() + h * nope_ * kv_lora_, src, nope_ * kv_lora_ * sizeof(float));
+    std::memcpy(w_uv_.data<float>() + h * v_dim_ * kv_lora_, src + nope_ * kv_lora_, v_dim_ * kv_lora_ * sizeof(float));
+  }
+  o_ = load_linear(ck, k.o, H, nh * v_dim_, dt, row);
+}
+
+void MlaAttention::forward(const AttnContext& c, const float* x, float* out, AttnScratch& s) const {
+  const StepBatch& b = *c.batch;
+  const int64_t T = b.n_tokens(), qk = nope_ + rope_dim_, nq = n_heads_ * qk, L = kv_lora_, R = rope_dim_;
+  if (T == 0) return;
+  float* q = AttnScratch::ensure(s.q, T * nq);
+  if (q_lora_ > 0) {
+    float* qa = AttnScratch::ensure(s.tmp, T * q_lora_);
+    linear_forward(q_a_, x, T, qa, s.lin);
+    rms_norm(qa, q_a_norm_.data<float>(), T, q_lora_, eps_, qa);
+    linear_forward(q_b_, qa, T, q, s.lin);
+  } else {
+    linear_forward(q_, x, T, q, s.lin);
+  }
+  float* kv = AttnScratch::ensure(s.k, T * (L + R));
+  linear_forward(kv_a_, x, T, kv, s.lin);
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = kv + t * (L + R);
+    rms_norm(row, kv_a_norm_.data<float>(), 1, L, eps_, row);
+    rope_.apply(row + L, 1, R, *c.rope, t);
+    rope_.apply(q + t * nq + nope_, n_heads_, qk, *c.rope, t);
+  }
+  for (const SeqSpan& sp : b.seqs)
+    for (int64_t i = 0; i < sp.n; ++i) {
+      const float* row = kv + (sp.first + i) * (L + R);
+      std::memcpy(c.cache->a(c.layer, sp.slot, sp.start_pos + i), row, L * sizeof(float));
+      std::memcpy(c.cache->b(c.layer, sp.slot, sp.start_pos + i), row + L, R * sizeof(float));
+    }
+  const std::vector<int32_t> seq = seq_of_tokens(b);
+  float* ctx = AttnScratch::ensure(s.ctx, T * n_heads_ * v_dim_);
+  const int64_t max_seq = c.cache->max_seq();
+  const float scale = static_cast<float>(scale_);
+  KvCache& cache = *c.cache;
+#pragma omp parallel
+  {
+    std::vector<float> sc(max_seq), q_lat(L), o_lat(L);
+#pragma omp for schedule(dynamic) collapse(2)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < n_heads_; ++h) {
+        const SeqSpan& sp = b.seqs[seq[t]];
+        const int64_t n_ctx = b.positions[t] + 1;
+        const float* qn = q + t * nq + h * qk;  // q_nope [nope], then q_pe [R]
+        const float* uk = w_uk_.data<float>() + h * nope_ * L;
+        std::fill(q_lat.begin(), q_lat.end(), 0.f);
+        for (int64_t n = 0; n < nope_; ++n)
+          for (int64_t l = 0; l < L; ++l) q_lat[l] += qn[n] * uk[n * L + l];
+        for (int64_t j = 0; j < n_ctx; ++j)
+          sc[j] = (dot(q_lat.data(), cache.a(c.layer, sp.slot, j), L) + dot(qn + nope_, cache.b(c.layer, sp.slot, j), R)) *
+                  scale;
+        softmax_inplace(sc.data(), n_ctx);
+        std::fill(o_lat.begin(), o_lat.end(), 0.f);
+        for (int64_t j = 0; j < n_ctx; ++j) {
+          const float* cj = cache.a(c.layer, sp.slot, j);
+          for (int64_t l = 0; l < L; ++l) o_lat[l] += sc[j] * cj[l];
+        }
+        const float* uv = w_uv_.data<float>() + h * v_dim_ * L;
+        float* o = ctx + (t * n_heads_ + h) * v_dim_;
+        for (int64_t d = 0; d < v_dim_; ++d) o[d] = dot(uv + d * L, o_lat.data(), L);
+      }
+  }
+  linear_forward(o_, ctx, T, out, s.lin);
+}
+
+}  // namespace moe

@@ -1,0 +1,90 @@
+// Self-attention of one decoder layer, over the KV cache (model/kv_cache.h).
+//
+//   GqaAttention: q/k/v projections (optional bias: Qwen2), optional per-head
+//     RMSNorm on q and k before RoPE (Qwen3), grouped-query attention, o_proj.
+//   MlaAttention: DeepSeek multi-head latent attention. q from q_proj, or through
+//     the q-LoRA (q_a_proj -> q_a_layernorm -> q_b_proj); kv_a_proj_with_mqa gives the
+//     latent c_kv (kv_lora_rank) and one shared rotary key k_pe. Only c_kv (after
+//     kv_a_layernorm) and k_pe (after RoPE) are cached. kv_b_proj is split per head
+//     into W_UK [nope, kv_lora] and W_UV [v, kv_lora] and absorbed: the score is
+//     (W_UK^T q_nope) . c_kv + q_pe . k_pe, the output W_UV (sum_p p * c_kv), which
+//     equals HF's expand-then-attend up to float summation order.
+//
+// Tensor parallelism (heads split over a TP group of `tp` ranks): q/k/v (q_b, kv_b)
+// are column-parallel by heads, o_proj is row-parallel; forward() writes this rank's
+// partial o_proj output and the caller all-reduces it over the group.
+// Not thread-safe (scratch buffers).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "loader/checkpoint.h"
+#include "model/batch.h"
+#include "model/kv_cache.h"
+#include "model/layers.h"
+#include "model/model_config.h"
+
+namespace moe {
+
+// Checkpoint key prefixes of one layer's attention (without ".weight").
+struct AttentionKeys {
+  // GQA
+  std::string q, k, v, o;
+  std::string q_norm, k_norm;  // empty: none
+  // MLA
+  std::string q_a, q_a_norm, q_b;  // q-LoRA (q_lora_rank > 0); else `q` is q_proj
+  std::string kv_a, kv_a_norm, kv_b;
+};
+
+struct AttnScratch {
+  LinearScratch lin;
+  Tensor q, k, v, ctx, tmp;  // grow-only f32 buffers
+  static float* ensure(Tensor& t, int64_t n);
+};
+
+struct AttnContext {
+  const StepBatch* batch = nullptr;
+  const RopeTables* rope = nullptr;
+  KvCache* cache = nullptr;
+  int64_t layer = 0;
+};
+
+class GqaAttention {
+ public:
+  GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& keys, DType compute, int tp_rank,
+               int tp_size);
+  // x [T, H] f32 (normed) -> out [T, H] f32, this rank's partial o_proj output.
+  void forward(const AttnContext& ctx, const float* x, float* out, AttnScratch& s) const;
+  int64_t cache_dim() const { return n_kv_ * head_dim_; }  // both planes
+
+ private:
+  int64_t n_heads_ = 0, n_kv_ = 0, head_dim_ = 0;  // this rank's heads
+  double eps_ = 1e-6, scale_ = 1;
+  Rope rope_;
+  Linear q_, k_, v_, o_;  // q [n_heads*hd, H], k/v [n_kv*hd, H], o [H, n_heads*hd]
+  Tensor q_norm_, k_norm_;  // f32 [hd] or undefined
+};
+
+class MlaAttention {
+ public:
+  MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& keys, DType compute, int tp_rank,
+               int tp_size);
+  void forward(const AttnContext& ctx, const float* x, float* out, AttnScratch& s) const;
+  int64_t cache_a_dim() const { return kv_lora_; }
+  int64_t cache_b_dim() const { return rope_dim_; }
+
+ private:
+  int64_t n_heads_ = 0, q_lora_ = 0, kv_lora_ = 0, nope_ = 0, rope_dim_ = 0, v_dim_ = 0;
+  double eps_ = 1e-6, scale_ = 1;
+  Rope rope_;
+  Linear q_;             // [n_heads*(nope+rope), H] (no q-LoRA)
+  Linear q_a_, q_b_;     // [q_lora, H], [n_heads*(nope+rope), q_lora]
+  Tensor q_a_norm_;      // f32 [q_lora]
+  Linear kv_a_;          // [kv_lora + rope, H], replicated
+  Tensor kv_a_norm_;     // f32 [kv_lora]
+  Tensor w_uk_, w_uv_;   // f32 [n_heads, nope, kv_lora], [n_heads, v, kv_lora]
+  Linear o_;             // [H, n_heads*v], row-parallel
+};
+
+}  // namespace moe

@@ -1,0 +1,140 @@
+#include "model/layers.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+
+namespace moe {
+
+Tensor load_f32(const Checkpoint& ck, const std::string& key, const Shape& shape) {
+  const TensorInfo& info = ck.info(key);
+  MOE_CHECK(info.shape == shape, "tensor '{}' in {} has shape {}, expected {}", key, ck.file_of(key),
+            shape_str(info.shape), shape_str(shape));
+  return ck.view(key).to(DType::F32);
+}
+
+Tensor load_slice_f32(const Checkpoint& ck, const std::string& key, const Shape& full, const ShardSpec& s) {
+  if (s.split == Split::None || s.size == 1) return load_f32(ck, key, full);
+  const TensorInfo& info = ck.info(key);
+  MOE_CHECK(info.shape == full, "tensor '{}' in {} has shape {}, expected {}", key, ck.file_of(key),
+            shape_str(info.shape), shape_str(full));
+  const Tensor v = ck.view(key);
+  if (full.size() == 1) {  // a bias
+    if (s.split == Split::Row) {
+      // Row-parallel bias: added once, by rank 0, so that the all-reduce adds it exactly once.
+      return s.rank == 0 ? v.to(DType::F32) : Tensor::zeros(full, DType::F32);
+    }
+    MOE_CHECK(full[0] % s.size == 0, "tensor '{}': size {} does not divide by {} ranks", key, full[0], s.size);
+    const int64_t n = full[0] / s.size;
+    return v.slice_rows(s.rank * n, (s.rank + 1) * n).to(DType::F32);
+  }
+  MOE_CHECK(full.size() == 2, "tensor '{}': expected a 2-D weight, got {}", key, shape_str(full));
+  if (s.split == Split::Column) {
+    MOE_CHECK(full[0] % s.size == 0, "tensor '{}': {} output rows do not divide by {} ranks", key, full[0], s.size);
+    const int64_t n = full[0] / s.size;
+    return v.slice_rows(s.rank * n, (s.rank + 1) * n).to(DType::F32);
+  }
+  MOE_CHECK(full[1] % s.size == 0, "tensor '{}': {} input columns do not divide by {} ranks", key, full[1], s.size);
+  const int64_t rows = full[0], cols = full[1] / s.size, c0 = s.rank * cols;
+  const Tensor f = v.to(DType::F32);
+  Tensor out = Tensor::empty({rows, cols}, DType::F32);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out.data<float>() + r * cols, f.data<float>() + r * full[1] + c0, cols * sizeof(float));
+  return out;
+}
+
+Linear make_linear(const Tensor& w, DType compute, const Tensor& bias) {
+  MOE_CHECK(w.ndim() == 2, "linear weight must be 2-D, got {}", w.describe());
+  Linear l;
+  l.w = make_packed_experts(1, w.dim(0), w.dim(1), compute, false);
+  pack_expert(l.w, 0, w);
+  if (bias.defined()) l.bias = bias.to(DType::F32);
+  return l;
+}
+
+Linear load_linear(const Checkpoint& ck, const std::string& prefix, int64_t out, int64_t in, DType compute,
+                   const ShardSpec& s) {
+  const Tensor w = load_slice_f32(ck, prefix + ".weight", {out, in}, s);
+  Tensor b;
+  if (ck.has(prefix + ".bias")) b = load_slice_f32(ck, prefix + ".bias", {out}, s);
+  return make_linear(w, compute, b);
+}
+
+void linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s, int64_t ldx,
+                    int64_t ldy) {
+  if (T == 0) return;
+  const int64_t K = l.n_in(), N = l.n_out();
+  if (ldx == 0) ldx = K;
+  if (ldy == 0) ldy = N;
+  const void* a = x;
+  int64_t lda = ldx;
+  if (l.w.dtype != DType::F32) {
+    if (!s.a.defined() || s.a.dtype() != l.w.dtype || s.a.numel() < T * K) s.a = Tensor::empty({T * K}, l.w.dtype);
+    for (int64_t t = 0; t < T; ++t)
+      convert_from_f32(x + t * ldx, static_cast<char*>(s.a.raw()) + t * K * dtype_size(l.w.dtype), l.w.dtype, K);
+    a = s.a.raw();
+    lda = K;
+  }
+  const int64_t offsets[2] = {0, T};
+  GroupedGemmParams g;
+  g.w = &l.w;
+  g.a = a;
+  g.lda = lda;
+  g.offsets = offsets;
+  g.c = y;
+  g.c_dtype = DType::F32;
+  g.ldc = ldy;
+  grouped_gemm(g);
+  if (l.bias.defined()) {
+    const float* b = l.bias.data<float>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < N; ++n) y[t * ldy + n] += b[n];
+  }
+}
+
+void rms_norm(const float* x, const float* w, int64_t T, int64_t n, double eps, float* y) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * n;
+    float* yr = y + t * n;
+    float ss = 0.f;
+    for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
+    for (int64_t i = 0; i < n; ++i) yr[i] = w[i] * (xr[i] * r);
+  }
+}
+
+Rope::Rope(const RopeConfig& cfg) : interleaved_(cfg.interleaved) { inv_freq_ = rope_inv_freq(cfg, &attention_factor_); }
+
+void Rope::tables(const int32_t* pos, int64_t T, RopeTables& out) const {
+  const int64_t half = static_cast<int64_t>(inv_freq_.size());
+  out.half = half;
+  out.cos.resize(T * half);
+  out.sin.resize(T * half);
+  const float af = static_cast<float>(attention_factor_);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(pos[t]) * inv_freq_[i];  // f32 product, as HF
+      out.cos[t * half + i] = static_cast<float>(std::cos(static_cast<double>(angle))) * af;
+      out.sin[t * half + i] = static_cast<float>(std::sin(static_cast<double>(angle))) * af;
+    }
+}
+
+void Rope::apply(float* x, int64_t n_heads, int64_t ld, const RopeTables& tab, int64_t t) const {
+  const int64_t half = tab.half;
+  const float* c = tab.cos.data() + t * half;
+  const float* s = tab.sin.data() + t * half;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * ld;
+    for (int64_t i = 0; i < half; ++i) {
+      // interleaved: pair (2i, 2i+1) (ERNIE, DeepSeek); else rotate_half: pair (i, i + half).
+      float& a = interleaved_ ? v[2 * i] : v[i];
+      float& b = interleaved_ ? v[2 * i + 1] : v[i + half];
+      const float x1 = a, x2 = b;
+      a = x1 * c[i] - x2 * s[i];
+      b = x2 * c[i] + x1 * s[i];
+    }
+  }
+}
+
+}  // namespace moe

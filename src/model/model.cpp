@@ -1,0 +1,217 @@
+#include "model/model.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/check.h"
+#include "loader/checkpoint.h"
+#include "loader/moe_weights.h"
+#include "model/registry.h"
+#include "moe/placement.h"
+
+namespace moe {
+
+namespace {
+
+// generation_config.json's eos_token_id, when present, overrides config.json's.
+void read_generation_config(const std::string& dir, ModelConfig& c) {
+  const std::string path = dir + "/generation_config.json";
+  if (!std::filesystem::exists(path)) return;
+  std::ifstream in(path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    MOE_FAIL("{} is not valid JSON: {}", path, e.what());
+  }
+  auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return;
+  c.eos_token_ids.clear();
+  if (it->is_number_integer()) c.eos_token_ids.push_back(it->get<int64_t>());
+  if (it->is_array())
+    for (const auto& v : *it)
+      if (v.is_number_integer()) c.eos_token_ids.push_back(v.get<int64_t>());
+}
+
+}  // namespace
+
+Model::~Model() = default;
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt) {
+  MOE_CHECK(opt.dtype == DType::F32 || opt.dtype == DType::BF16, "--dtype must be f32 or bf16, got {}",
+            dtype_name(opt.dtype));
+  std::unique_ptr<Model> m(new Model());
+  m->opt_ = opt;
+  Checkpoint ck = Checkpoint::open(dir);
+  try {
+    m->cfg_ = model_config_from_hf(ck.config());
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} (in {}/config.json)", e.what(), dir));
+  }
+  read_generation_config(dir, m->cfg_);
+  const ModelConfig& c = m->cfg_;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+
+  // Parallel layout.
+  const bool multi = opt.world && opt.world->size() > 1;
+  int tp_rank = 0, tp = 1;
+  if (multi) {
+    m->world_ = opt.world;
+    m->groups_ = std::make_unique<ParallelGroups>(*opt.world, opt.par);
+    tp = opt.par.tp;
+    tp_rank = m->groups_->tp_rank();
+    const int per_replica = opt.world->size() / opt.par.dp;
+    MOE_CHECK(per_replica % tp == 0,
+              "--tp {} must divide the {} ranks of each DP replica (--dp {}): attention heads are split over the "
+              "TP group inside a replica",
+              tp, per_replica, opt.par.dp);
+    if (tp > 1) m->tp_ = &m->groups_->moe_tp();
+  } else {
+    MOE_CHECK(opt.par.ep * opt.par.tp * opt.par.dp == 1 || !opt.world,
+              "{} needs several ranks: start the job with mpirun", to_string(opt.par));
+  }
+  if (c.attention == AttentionKind::Mla) {
+    MOE_CHECK(c.n_heads % tp == 0,
+              "--tp {} does not divide the model's {} attention heads (attention heads are split over the TP ranks)",
+              tp, c.n_heads);
+  } else {
+    MOE_CHECK(c.n_heads % tp == 0 && c.n_kv_heads % tp == 0,
+              "--tp {} does not divide the model's {} attention heads and {} key/value heads (attention heads are "
+              "split over the TP ranks)",
+              tp, c.n_heads, c.n_kv_heads);
+  }
+
+  const ModelKeys keys;
+  m->embed_ = ck.view(keys.embed + ".weight");
+  MOE_CHECK(m->embed_.shape() == Shape({V, H}), "tensor '{}.weight' in {} has shape {}, expected {}", keys.embed,
+            ck.file_of(keys.embed + ".weight"), shape_str(m->embed_.shape()), shape_str({V, H}));
+  m->final_norm_ = load_f32(ck, keys.final_norm + ".weight", {H});
+  if (c.tie_embeddings || !ck.has(keys.lm_head + ".weight")) {
+    MOE_CHECK(c.tie_embeddings, "tensor '{}.weight' not found in checkpoint {} (and tie_word_embeddings is false)",
+              keys.lm_head, dir);
+    m->lm_head_ = make_linear(m->embed_.to(DType::F32), opt.dtype);
+  } else {
+    m->lm_head_ = load_linear(ck, keys.lm_head, V, H, opt.dtype);
+  }
+  m->rope_ = Rope(c.rope);
+
+  const FamilyHooks& fam = find_family(c.model_type);
+  const Placement placement = Placement::contiguous(c.moe.n_experts, multi ? opt.par.ep : 1, multi ? tp : 1);
+  m->layers_.resize(c.n_layers);
+  m->expert_load_.assign(c.n_layers, {});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    DecoderLayer& L = m->layers_[l];
+    L.input_norm = load_f32(ck, keys.input_norm(l) + ".weight", {H});
+    L.post_norm = load_f32(ck, keys.post_attn_norm(l) + ".weight", {H});
+    const AttentionKeys ak = fam.attention_keys(c, l);
+    if (c.attention == AttentionKind::Mla)
+      L.mla = std::make_unique<MlaAttention>(ck, c, ak, opt.dtype, tp_rank, tp);
+    else
+      L.gqa = std::make_unique<GqaAttention>(ck, c, ak, opt.dtype, tp_rank, tp);
+    if (!c.moe.is_moe_layer(l)) {
+      L.dense = load_dense_mlp(ck, c.moe, l, opt.dtype);
+      continue;
+    }
+    m->expert_load_[l].assign(c.moe.n_experts, 0);
+    MlpLoadOptions lo;
+    lo.compute = opt.dtype;
+    if (!multi) {
+      L.moe = std::make_unique<MoeLayer>(c.moe, load_moe_layer(ck, c.moe, l, lo));
+    } else {
+      lo.expert_begin = placement.begin(m->groups_->ep_rank());
+      lo.expert_end = placement.end(m->groups_->ep_rank());
+      lo.tp_rank = tp_rank;
+      lo.tp_size = tp;
+      L.ep_moe = std::make_unique<EpMoeLayer>(MoeLayer(c.moe, load_moe_layer(ck, c.moe, l, lo)), *opt.world,
+                                              placement, opt.ep);
+    }
+  }
+
+  // KV cache, sized once.
+  int64_t max_seq = opt.max_seq > 0 ? opt.max_seq : c.max_position;
+  MOE_CHECK(max_seq > 0, "the KV cache needs a maximum sequence length (--max-seq-len)");
+  MOE_CHECK(opt.n_slots >= 1, "the KV cache needs at least one sequence slot");
+  if (c.sliding_window > 0)
+    MOE_CHECK(max_seq <= c.sliding_window,
+              "--max-seq-len {} exceeds the model's sliding_window {} (sliding-window attention is not supported)",
+              max_seq, c.sliding_window);
+  const bool mla = c.attention == AttentionKind::Mla;
+  const int64_t a_dim = mla ? c.kv_lora_rank : c.n_kv_heads / tp * c.head_dim;
+  const int64_t b_dim = mla ? c.qk_rope_head_dim : c.n_kv_heads / tp * c.head_dim;
+  const uint64_t bytes = KvCache::bytes_needed(c.n_layers, opt.n_slots, max_seq, a_dim, b_dim);
+  MOE_CHECK(bytes < (uint64_t{1} << 40), "KV cache of {} sequences x {} positions would take {:.1f} GiB",
+            opt.n_slots, max_seq, static_cast<double>(bytes) / (1 << 30));
+  m->cache_ = KvCache(c.n_layers, opt.n_slots, max_seq, a_dim, b_dim);
+  return m;
+}
+
+void Model::mlp(DecoderLayer& L, int64_t l, const Tensor& x, float* y) {
+  const int64_t T = x.dim(0), H = cfg_.hidden_size;
+  if (L.dense) {
+    run_gated_mlp(*L.dense, x, y, mlp_s_);
+    return;
+  }
+  if (opt_.count_experts && T > 0) {
+    Routing r;
+    (L.moe ? *L.moe : L.ep_moe->local()).route(x, r);
+    for (int32_t e : r.ids) ++expert_load_[l][e];
+  }
+  Tensor out;
+  if (L.moe) out = L.moe->forward(x);
+  else if (opt_.par.dp > 1) out = L.ep_moe->forward(x);  // own tokens (DP attention)
+  else out = L.ep_moe->forward_replicated(x);             // same tokens on every rank
+  if (T > 0) std::memcpy(y, out.data<float>(), T * H * sizeof(float));
+}
+
+Tensor Model::forward(const StepBatch& b) {
+  const int64_t T = b.n_tokens(), H = cfg_.hidden_size, V = cfg_.vocab_size;
+  MOE_CHECK(static_cast<int64_t>(b.positions.size()) == T, "internal: step has {} tokens but {} positions", T,
+            b.positions.size());
+  for (const SeqSpan& sp : b.seqs)
+    MOE_CHECK(sp.slot >= 0 && sp.slot < cache_.n_slots() && sp.start_pos + sp.n <= cache_.max_seq(),
+              "sequence in cache slot {} needs {} positions; the KV cache holds {} slots of {} positions "
+              "(raise --max-seq-len)",
+              sp.slot, sp.start_pos + sp.n, cache_.n_slots(), cache_.max_seq());
+  Tensor h = Tensor::empty({T, H}, DType::F32);
+  float* hp = h.data<float>();
+  const size_t esz = dtype_size(embed_.dtype());
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t id = b.tokens[t];
+    MOE_CHECK(id >= 0 && id < V, "token id {} is out of vocabulary (vocab_size {})", id, V);
+    convert_to_f32(static_cast<const char*>(embed_.raw()) + static_cast<size_t>(id) * H * esz, embed_.dtype(),
+                   hp + t * H, H);
+  }
+  rope_.tables(b.positions.data(), T, rope_tab_);
+  Tensor xn = Tensor::empty({T, H}, DType::F32), tmp = Tensor::empty({T, H}, DType::F32);
+  float* xp = xn.data<float>();
+  float* tp = tmp.data<float>();
+  AttnContext ctx;
+  ctx.batch = &b;
+  ctx.rope = &rope_tab_;
+  ctx.cache = &cache_;
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    DecoderLayer& L = layers_[l];
+    ctx.layer = l;
+    rms_norm(hp, L.input_norm.data<float>(), T, H, cfg_.rms_eps, xp);
+    if (L.mla) L.mla->forward(ctx, xp, tp, attn_s_);
+    else L.gqa->forward(ctx, xp, tp, attn_s_);
+    if (tp_) tp_->all_reduce_sum(tp, static_cast<size_t>(T * H));  // row-parallel o_proj
+    for (int64_t i = 0; i < T * H; ++i) hp[i] += tp[i];
+    rms_norm(hp, L.post_norm.data<float>(), T, H, cfg_.rms_eps, xp);
+    mlp(L, l, xn, tp);
+    for (int64_t i = 0; i < T * H; ++i) hp[i] += tp[i];
+  }
+  const int64_t n = static_cast<int64_t>(b.logit_rows.size());
+  Tensor last = Tensor::empty({n, H}, DType::F32);
+  for (int64_t i = 0; i < n; ++i)
+    rms_norm(hp + b.logit_rows[i] * H, final_norm_.data<float>(), 1, H, cfg_.rms_eps, last.data<float>() + i * H);
+  Tensor logits = Tensor::empty({n, V}, DType::F32);
+  linear_forward(lm_head_, last.data<float>(), n, logits.data<float>(), lin_s_);
+  return logits;
+}
+
+}  // namespace moe

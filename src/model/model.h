@@ -1,0 +1,101 @@
+// A whole decoder model on one rank of a parallel layout: embedding, layers
+// (attention + dense MLP or MoE block), final norm, lm_head, and the KV cache.
+//
+// Parallel layouts (ModelOptions::par over `world`, see comm/groups.h):
+//   world 1                 everything local; MoE through MoeLayer::forward.
+//   --ep N (dp 1)           attention replicated (or TP, below): every rank runs the
+//                           same tokens; MoE through EpMoeLayer::forward_replicated.
+//   --tp T                  attention heads split over the MoE-TP group (T consecutive
+//                           ranks): q/k/v column-parallel, o_proj row-parallel +
+//                           all-reduce over that group; MoE as above (experts split
+//                           ep ways, each expert's I split T ways).
+//   --dp D                  D replicas (blocks of world/D ranks) each run their own
+//                           requests; MoE through EpMoeLayer::forward (own tokens).
+//                           Every rank must call forward() the same number of times,
+//                           with 0 tokens when it has nothing to do (lock-step).
+// Not thread-safe: one thread drives a model (kernels use OpenMP inside).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/groups.h"
+#include "model/attention.h"
+#include "model/batch.h"
+#include "model/kv_cache.h"
+#include "model/model_config.h"
+#include "moe/ep_layer.h"
+#include "moe/fused_moe.h"
+
+namespace moe {
+
+struct ModelOptions {
+  DType dtype = DType::F32;  // weights: f32 or bf16 (f32 activations and accumulation)
+  int64_t n_slots = 1;       // sequences the KV cache holds
+  int64_t max_seq = 0;       // positions per sequence (0: max_position_embeddings)
+  Communicator* world = nullptr;  // nullptr or size 1: one rank; must outlive the model
+  ParallelConfig par;
+  EpOptions ep;
+  bool count_experts = false;  // keep per-layer expert load counts (costs one extra gate)
+};
+
+struct DecoderLayer {
+  Tensor input_norm, post_norm;  // f32 [H]
+  std::unique_ptr<GqaAttention> gqa;
+  std::unique_ptr<MlaAttention> mla;
+  std::optional<GatedMlpWeights> dense;  // dense-MLP layers
+  std::unique_ptr<MoeLayer> moe;         // MoE layers, single rank
+  std::unique_ptr<EpMoeLayer> ep_moe;    // MoE layers, several ranks
+};
+
+class Model {
+ public:
+  static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& opt);
+  ~Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  const ModelOptions& options() const { return opt_; }
+  // Runs the decoder on a prepared step (model/batch.h); writes the step's K/V into
+  // the cache and returns logits [batch.logit_rows.size(), vocab] f32.
+  Tensor forward(const StepBatch& b);
+
+  KvCache& cache() { return cache_; }
+  // Tokens routed to each expert so far, [n_layers][E] (empty rows for dense layers),
+  // counted on this rank's tokens (ModelOptions::count_experts).
+  std::vector<std::vector<int64_t>>& expert_load() { return expert_load_; }
+
+  int world_size() const { return world_ ? world_->size() : 1; }
+  int rank() const { return world_ ? world_->rank() : 0; }
+  int dp_size() const { return opt_.par.dp; }
+  int dp_rank() const { return groups_ ? groups_->dp_rank() : 0; }
+  Communicator* world() { return world_; }
+  // The ranks of this rank's DP replica (they hold the same requests); nullptr on one rank.
+  Communicator* replica() { return groups_ ? &groups_->dp_attn() : nullptr; }
+
+ private:
+  Model() = default;
+  void mlp(DecoderLayer& L, int64_t layer, const Tensor& x, float* y);
+
+  ModelConfig cfg_;
+  ModelOptions opt_;
+  Communicator* world_ = nullptr;
+  std::unique_ptr<ParallelGroups> groups_;
+  Communicator* tp_ = nullptr;  // attention TP group (size par.tp), nullptr if 1
+  Tensor embed_;                 // [V, H] checkpoint dtype (view of the mapping)
+  Tensor final_norm_;            // f32 [H]
+  Linear lm_head_;               // [V, H]
+  std::vector<DecoderLayer> layers_;
+  Rope rope_;  // positions -> cos/sin tables (all layers share one RoPE)
+  KvCache cache_;
+  std::vector<std::vector<int64_t>> expert_load_;
+  // Scratch, grown as needed.
+  AttnScratch attn_s_;
+  MoeScratch mlp_s_;
+  LinearScratch lin_s_;
+  RopeTables rope_tab_;
+};
+
+}  // namespace moe

@@ -1,0 +1,27 @@
+// ERNIE-4.5-MoE: GQA, RoPE on interleaved pairs (2i, 2i+1), embeddings usually tied
+// to lm_head. MLP: softmax with a selection-only bias (moe_statics), renormalised
+// with a clamp; dense layers outside [moe_layer_start_index, moe_layer_end_index].
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "model/registry.h"
+
+namespace moe {
+namespace {
+
+void hparams(const nlohmann::json& cfg, ModelConfig& c) {
+  c.attention = AttentionKind::Gqa;
+  c.rope.interleaved = true;
+  MOE_CHECK(!cfg.value("use_bias", false), "config.json: use_bias=true is not supported for ernie4_5_moe");
+}
+
+AttentionKeys keys(const ModelConfig&, int64_t l) { return gqa_attention_keys(l, false); }
+
+}  // namespace
+
+const FamilyHooks& ernie4_5_moe_hooks() {
+  static const FamilyHooks h{"ernie4_5_moe", hparams, keys};
+  return h;
+}
+
+}  // namespace moe

@@ -1,0 +1,29 @@
+// Mixtral: GQA without biases, rotate_half RoPE. MLP: every layer is MoE, softmax
+// top-k always renormalised; experts under block_sparse_moe (Hub) or mlp (fused).
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "model/registry.h"
+
+namespace moe {
+namespace {
+
+void hparams(const nlohmann::json& cfg, ModelConfig& c) {
+  c.attention = AttentionKind::Gqa;
+  c.rope.interleaved = false;
+  // A sliding window changes nothing while every sequence is shorter than it; the
+  // runner refuses longer sequences (ModelConfig::sliding_window).
+  if (auto it = cfg.find("sliding_window"); it != cfg.end() && it->is_number_integer() && it->get<int64_t>() > 0)
+    c.sliding_window = it->get<int64_t>();
+}
+
+AttentionKeys keys(const ModelConfig&, int64_t l) { return gqa_attention_keys(l, false); }
+
+}  // namespace
+
+const FamilyHooks& mixtral_hooks() {
+  static const FamilyHooks h{"mixtral", hparams, keys};
+  return h;
+}
+
+}  // namespace moe

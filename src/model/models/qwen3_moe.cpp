@@ -1,0 +1,28 @@
+// Qwen3-MoE: GQA with per-head RMSNorm on q and k (before RoPE), rotate_half RoPE,
+// optional attention bias, explicit head_dim (may differ from hidden / heads).
+// MLP: softmax top-k routing with norm_topk_prob; dense layers in mlp_only_layers.
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "model/registry.h"
+
+namespace moe {
+namespace {
+
+void hparams(const nlohmann::json& cfg, ModelConfig& c) {
+  c.attention = AttentionKind::Gqa;
+  c.qk_norm = true;
+  c.rope.interleaved = false;
+  MOE_CHECK(!cfg.value("use_sliding_window", false), "config.json: use_sliding_window=true is not supported");
+}
+
+AttentionKeys keys(const ModelConfig&, int64_t l) { return gqa_attention_keys(l, true); }
+
+}  // namespace
+
+const FamilyHooks& qwen3_moe_hooks() {
+  static const FamilyHooks h{"qwen3_moe", hparams, keys};
+  return h;
+}
+
+}  // namespace moe

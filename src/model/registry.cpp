@@ -1,0 +1,56 @@
+#include "model/registry.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+#include "core/check.h"
+
+namespace moe {
+
+namespace {
+const FamilyHooks* const* all_families() {
+  static const FamilyHooks* const table[] = {&qwen3_moe_hooks(),   &qwen2_moe_hooks(),   &mixtral_hooks(),
+                                             &deepseek_v2_hooks(), &deepseek_v3_hooks(), &ernie4_5_moe_hooks(),
+                                             nullptr};
+  return table;
+}
+}  // namespace
+
+const FamilyHooks& find_family(const std::string& model_type) {
+  std::string names;
+  for (auto f = all_families(); *f; ++f) {
+    if (model_type == (*f)->model_type) return **f;
+    names += std::string(names.empty() ? "" : ", ") + (*f)->model_type;
+  }
+  MOE_FAIL("config.json: unsupported model_type '{}' (supported: {})", model_type, names);
+}
+
+ModelConfig model_config_from_hf(const nlohmann::json& cfg) {
+  MOE_CHECK(cfg.is_object(), "config.json must be a JSON object");
+  const FamilyHooks& fam = find_family(cfg.value("model_type", ""));
+  ModelConfig c;
+  c.moe = MoeConfig::from_hf(cfg);
+  read_common_hparams(cfg, c);
+  c.attn_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  fam.hparams(cfg, c);
+  c.rope.dim = c.attention == AttentionKind::Mla ? c.qk_rope_head_dim : c.head_dim;
+  c.validate();
+  return c;
+}
+
+AttentionKeys gqa_attention_keys(int64_t l, bool qk_norm) {
+  const std::string p = ModelKeys::layer(l) + ".self_attn.";
+  AttentionKeys k;
+  k.q = p + "q_proj";
+  k.k = p + "k_proj";
+  k.v = p + "v_proj";
+  k.o = p + "o_proj";
+  if (qk_norm) {
+    k.q_norm = p + "q_norm";
+    k.k_norm = p + "k_norm";
+  }
+  return k;
+}
+
+}  // namespace moe

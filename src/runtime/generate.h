@@ -1,0 +1,44 @@
+// Whole-batch inference on a Model: one prefill forward, and generation (prefill,
+// then decode steps until every request hits EOS or max_new_tokens).
+//
+// Under DP attention (--dp D) request i runs on replica i % D. Every rank runs the
+// same number of steps (lock-step): each step starts with a world-wide count of
+// unfinished requests, and a rank with none left still runs the step with 0 tokens,
+// so every MoE layer's collectives see every rank. Tokens are sampled on the first
+// rank of a replica and broadcast to the others, so the ranks of a replica never
+// disagree. Results are gathered to every rank in request order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/model.h"
+#include "runtime/sampler.h"
+
+namespace moe {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 16;
+  SamplingParams sampling;
+  bool ignore_eos = false;  // run to max_new_tokens even after EOS
+  bool keep_logits = false;  // record each step's logits of this rank's requests (tests)
+};
+
+struct GenerateResult {
+  std::vector<std::vector<int32_t>> tokens;  // [B] generated ids per request
+  // keep_logits: [B][step * V + v] for the requests of this rank's replica (else empty rows)
+  std::vector<std::vector<float>> step_logits;
+  double prefill_s = 0, decode_s = 0;
+  int64_t prefill_tokens = 0, decode_tokens = 0, decode_steps = 0;  // summed over replicas
+  // Tokens routed to each expert [layer][E], summed over replicas (when counted).
+  std::vector<std::vector<int64_t>> expert_load;
+};
+
+GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opt);
+
+// The prefill logits of every prompt: [B, S_max, V] f32, rows past a prompt's length
+// zero. One forward step (per replica under DP); every rank gets the whole tensor.
+Tensor prefill_logits(Model& m, const std::vector<std::vector<int32_t>>& prompts);
+
+}  // namespace moe

@@ -1,0 +1,67 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "core/check.h"
+
+namespace moe {
+
+namespace {
+uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+double counter_uniform(uint64_t seed, uint64_t request, uint64_t step) {
+  const uint64_t h = mix64(mix64(mix64(seed) ^ request) ^ (step * 0x632be59bd9b4e019ull));
+  return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+}
+
+int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, uint64_t request, uint64_t step) {
+  MOE_CHECK(V > 0, "internal: empty logits");
+  if (p.greedy()) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (logits[i] > logits[best]) best = i;
+    return static_cast<int32_t>(best);
+  }
+  MOE_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got {}", p.top_p);
+  MOE_CHECK(p.top_k >= 0, "--top-k must not be negative, got {}", p.top_k);
+  std::vector<int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  // Highest logit first; ties to the lower id (stable order, independent of std::sort).
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  int64_t keep = (p.top_k > 0) ? std::min<int64_t>(p.top_k, V) : V;
+  const double mx = logits[order[0]];
+  std::vector<double> w(keep);
+  double total = 0;
+  for (int64_t i = 0; i < keep; ++i) {
+    w[i] = std::exp((static_cast<double>(logits[order[i]]) - mx) / p.temperature);
+    total += w[i];
+  }
+  if (p.top_p < 1.0) {  // smallest prefix whose probability reaches top_p (at least one token)
+    double cum = 0;
+    int64_t n = 0;
+    while (n < keep) {
+      cum += w[n++];
+      if (cum >= p.top_p * total) break;
+    }
+    keep = n;
+    total = cum;
+  }
+  const double u = counter_uniform(p.seed, request, step) * total;
+  double acc = 0;
+  for (int64_t i = 0; i < keep; ++i) {
+    acc += w[i];
+    if (u < acc) return order[i];
+  }
+  return order[keep - 1];
+}
+
+}  // namespace moe

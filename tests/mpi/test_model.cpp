@@ -1,0 +1,141 @@
+// Whole models across real ranks (mpirun -np 1..4): every parallel layout gives the
+// tokens of one rank, and pure EP gives bitwise-identical logits with the all-to-all
+// strategies (EP invariance; allreduce/allgather within fp32 summation-order rounding).
+//   --ep R (replicated attention), every strategy      all fixtures
+//   --tp 2 --ep 2 [--dp 2] (heads split, MoE-TP)      world 4
+//   --dp 2 --ep R, one replica with no prompt         even worlds
+//   --tp 3 on a model with 4 heads                     world 3: a clear error
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "comm/communicator.h"
+#include "model/model.h"
+#include "runtime/generate.h"
+#include "../test_model_util.h"
+
+namespace moe {
+namespace {
+
+Communicator& world() { return world_comm(true); }
+
+struct Layout {
+  int ep, tp, dp;
+  MoeComm comm;
+};
+
+std::unique_ptr<Model> load(const std::string& dir, const Layout& l, int64_t n_prompts) {
+  ModelOptions o;
+  o.n_slots = (n_prompts + l.dp - 1) / l.dp;
+  o.max_seq = 32;
+  o.world = &world();
+  o.par = {l.ep, l.tp, l.dp};
+  o.ep.comm = l.comm;
+  return Model::load(dir, o);
+}
+
+GenerateResult greedy(Model& m, const std::vector<std::vector<int32_t>>& prompts, int64_t n = 16) {
+  GenerateOptions go;
+  go.max_new_tokens = n;
+  go.ignore_eos = true;
+  return generate(m, prompts, go);
+}
+
+std::string describe(const Layout& l) {
+  return fmt::format("--ep {} --tp {} --dp {} --moe-comm {}", l.ep, l.tp, l.dp, moe_comm_name(l.comm));
+}
+
+TEST(ModelEp, EveryStrategyGivesTheSingleRankResult) {
+  const int R = world().size();
+  for (const auto& f : test::model_fixtures()) {
+    if (f.name.find("_fused") != std::string::npos) continue;
+    auto ref = test::load_model(f.dir);  // this rank alone
+    const Tensor ref_logits = prefill_logits(*ref, f.prompts);
+    for (MoeComm c : {MoeComm::AllReduce, MoeComm::AllGather, MoeComm::AllToAll, MoeComm::AllToAllLL}) {
+      const Layout l{R, 1, 1, c};
+      SCOPED_TRACE(f.name + " " + describe(l));
+      auto m = load(f.dir, l, 3);
+      const double d = test::max_logit_diff(prefill_logits(*m, f.prompts), ref_logits, f.prompts);
+      if (c == MoeComm::AllToAll || c == MoeComm::AllToAllLL) EXPECT_EQ(d, 0.0) << "EP invariance";
+      else EXPECT_LE(d, 1e-5);
+      auto m2 = load(f.dir, l, 3);
+      const GenerateResult r = greedy(*m2, f.prompts);
+      for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
+    }
+  }
+}
+
+TEST(ModelTp, TensorParallelAttentionWithExpertParallelMoe) {
+  if (world().size() != 4) GTEST_SKIP() << "--tp 2 --ep 2 needs 4 ranks";
+  for (const auto& f : test::model_fixtures()) {
+    if (f.name.find("_fused") != std::string::npos) continue;
+    for (const Layout& l : {Layout{2, 2, 1, MoeComm::Auto}, Layout{2, 2, 1, MoeComm::AllReduce},
+                            Layout{2, 2, 2, MoeComm::AllToAll}}) {
+      SCOPED_TRACE(f.name + " " + describe(l));
+      auto m = load(f.dir, l, 3);
+      EXPECT_LE(test::max_logit_diff(prefill_logits(*m, f.prompts), f.logits, f.prompts), 1e-4);
+      auto m2 = load(f.dir, l, 3);
+      const GenerateResult r = greedy(*m2, f.prompts);
+      for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
+    }
+  }
+}
+
+TEST(ModelDp, ReplicasWithAndWithoutRequestsStayInLockStep) {
+  const int R = world().size();
+  if (R % 2 != 0) GTEST_SKIP() << "--dp 2 needs an even number of ranks";
+  for (const auto& f : test::model_fixtures()) {
+    if (f.name != "qwen3_moe" && f.name != "deepseek_v3" && f.name != "ernie4_5_moe" && f.name != "mixtral_gelu")
+      continue;
+    for (MoeComm c : {MoeComm::AllToAll, MoeComm::AllGather, MoeComm::Auto}) {
+      const Layout l{R, 1, 2, c};
+      SCOPED_TRACE(f.name + " " + describe(l));
+      // One prompt: replica 1 has no request and runs every step with 0 tokens.
+      auto one = load(f.dir, l, 1);
+      const GenerateResult r1 = greedy(*one, {f.prompts[2]});
+      EXPECT_EQ(r1.tokens[0], f.greedy[2]);
+      // All three: prompts 0 and 2 on replica 0, prompt 1 on replica 1 (different lengths, so
+      // the replicas hold different token counts in every step).
+      auto all = load(f.dir, l, 3);
+      const GenerateResult r3 = greedy(*all, f.prompts);
+      for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r3.tokens[i], f.greedy[i]) << "prompt " << i;
+      auto lg = load(f.dir, l, 3);
+      EXPECT_LE(test::max_logit_diff(prefill_logits(*lg, f.prompts), f.logits, f.prompts), 1e-4);
+    }
+  }
+}
+
+TEST(ModelDp, SeededSamplingIsTheSameOnEveryLayout) {
+  const int R = world().size();
+  const auto fx = test::model_fixtures();
+  const auto& f = fx[0];
+  GenerateOptions go;
+  go.max_new_tokens = 8;
+  go.ignore_eos = true;
+  go.sampling.temperature = 1.0;
+  go.sampling.top_k = 30;
+  go.sampling.seed = 11;
+  auto ref = test::load_model(f.dir);
+  const GenerateResult want = generate(*ref, f.prompts, go);
+  std::vector<Layout> layouts = {{R, 1, 1, MoeComm::AllToAll}};
+  if (R % 2 == 0) layouts.push_back({R, 1, 2, MoeComm::AllToAll});
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(describe(l));
+    auto m = load(f.dir, l, 3);
+    EXPECT_EQ(generate(*m, f.prompts, go).tokens, want.tokens);
+  }
+}
+
+TEST(ModelTp, TpNotDividingHeadsIsAnError) {
+  if (world().size() != 3) GTEST_SKIP() << "needs 3 ranks";
+  const std::string dir = test::fixtures_dir() + "/qwen2_moe";  // 4 heads, 2 key/value heads
+  try {
+    load(dir, {1, 3, 1, MoeComm::Auto}, 1);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--tp 3 does not divide"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace moe

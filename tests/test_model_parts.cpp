@@ -1,0 +1,184 @@
+// Decoder pieces and the CLI verbs: RoPE (default, interleaved, YaRN) against direct
+// formulas, the sampler's determinism, and `moe-ep forward` / `generate`.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+
+#include "loader/checkpoint.h"
+#include "loader/safetensors.h"
+#include "model/layers.h"
+#include "model/registry.h"
+#include "runtime/sampler.h"
+#include "test_model_util.h"
+
+namespace moe {
+namespace {
+
+TEST(Rope, DefaultRotateHalfAndInterleaved) {
+  RopeConfig rc;
+  rc.theta = 10000;
+  rc.dim = 8;
+  for (bool inter : {false, true}) {
+    rc.interleaved = inter;
+    Rope r(rc);
+    const int32_t pos[1] = {7};
+    RopeTables tab;
+    r.tables(pos, 1, tab);
+    std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8}, y = x;
+    r.apply(y.data(), 1, 8, tab, 0);
+    for (int i = 0; i < 4; ++i) {
+      const double f = 7.0 / std::pow(10000.0, 2.0 * i / 8), c = std::cos(f), s = std::sin(f);
+      const int a = inter ? 2 * i : i, b = inter ? 2 * i + 1 : i + 4;
+      EXPECT_NEAR(y[a], x[a] * c - x[b] * s, 1e-5);
+      EXPECT_NEAR(y[b], x[b] * c + x[a] * s, 1e-5);
+    }
+  }
+}
+
+// YaRN per the paper / HF _compute_yarn_parameters, written out in double here.
+TEST(Rope, YarnMatchesDirectFormula) {
+  RopeConfig rc;
+  rc.type = "yarn";
+  rc.theta = 10000;
+  rc.dim = 64;
+  rc.factor = 40;
+  rc.mscale = 1.0;
+  rc.mscale_all_dim = 0.707;
+  rc.original_max_position = 4096;
+  double af = 0;
+  const std::vector<float> inv = rope_inv_freq(rc, &af);
+  const double pi = std::acos(-1.0);
+  auto cdim = [&](double rot) { return 64 * std::log(4096 / (rot * 2 * pi)) / (2 * std::log(10000.0)); };
+  const double low = std::max(0.0, std::floor(cdim(32))), high = std::min(63.0, std::ceil(cdim(1)));
+  for (int i = 0; i < 32; ++i) {
+    const double base = std::pow(10000.0, 2.0 * i / 64);
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    const double want = (1.0 / (40 * base)) * ramp + (1.0 / base) * (1 - ramp);
+    EXPECT_NEAR(inv[i], want, 1e-6 * want + 1e-12) << i;
+  }
+  auto m = [](double s, double ms) { return s <= 1 ? 1.0 : 0.1 * ms * std::log(s) + 1.0; };
+  EXPECT_NEAR(af, m(40, 1.0) / m(40, 0.707), 1e-12);
+  EXPECT_EQ(yarn_get_mscale(1.0, 5.0), 1.0);
+
+  // DeepSeek with YaRN: softmax scale = qk_head_dim^-0.5 * mscale(factor, mscale_all_dim)^2.
+  nlohmann::json cfg = Checkpoint::open(test::fixtures_dir() + "/deepseek_v3").config();
+  cfg.erase("rope_parameters");
+  cfg["rope_theta"] = 10000.0;
+  cfg["rope_scaling"] = {{"type", "yarn"}, {"factor", 40.0}, {"mscale", 0.707}, {"mscale_all_dim", 0.707},
+                         {"original_max_position_embeddings", 4096}, {"beta_fast", 32}, {"beta_slow", 1}};
+  const ModelConfig c = model_config_from_hf(cfg);
+  EXPECT_EQ(c.rope.type, "yarn");
+  EXPECT_EQ(c.rope.dim, 4);
+  EXPECT_TRUE(c.rope.interleaved);
+  EXPECT_NEAR(c.attn_scale, std::pow(m(40, 0.707), 2) / std::sqrt(12.0), 1e-12);
+}
+
+TEST(Sampler, GreedyAndSeededDraws) {
+  std::vector<float> lg = {0.1f, 2.0f, 2.0f, -1.0f, 1.5f};
+  SamplingParams g;
+  EXPECT_EQ(sample_token(lg.data(), 5, g, 0, 0), 1);  // ties to the lower id
+  SamplingParams s;
+  s.temperature = 1.0;
+  s.seed = 42;
+  // Same (seed, request, step) -> same token; top-k 1 and tiny top-p are greedy.
+  for (uint64_t step = 0; step < 20; ++step)
+    EXPECT_EQ(sample_token(lg.data(), 5, s, 3, step), sample_token(lg.data(), 5, s, 3, step));
+  SamplingParams k1 = s;
+  k1.top_k = 1;
+  SamplingParams p0 = s;
+  p0.top_p = 1e-6;
+  for (uint64_t step = 0; step < 20; ++step) {
+    EXPECT_EQ(sample_token(lg.data(), 5, k1, 0, step), 1);
+    EXPECT_EQ(sample_token(lg.data(), 5, p0, 0, step), 1);
+  }
+  // top-k 3 never picks outside {1, 2, 4}; the empirical distribution follows softmax.
+  SamplingParams k3 = s;
+  k3.top_k = 3;
+  std::vector<int> count(5);
+  for (uint64_t step = 0; step < 4000; ++step) ++count[sample_token(lg.data(), 5, k3, 1, step)];
+  EXPECT_EQ(count[0] + count[3], 0);
+  const double z = std::exp(2.0) * 2 + std::exp(1.5);
+  EXPECT_NEAR(count[4] / 4000.0, std::exp(1.5) / z, 0.03);
+  // Uniforms are in [0, 1) and differ between requests.
+  EXPECT_NE(counter_uniform(1, 0, 0), counter_uniform(1, 1, 0));
+  EXPECT_NE(counter_uniform(1, 0, 0), counter_uniform(2, 0, 0));
+}
+
+// ---- CLI ------------------------------------------------------------------------------
+
+std::string ids_arg(const std::vector<std::vector<int32_t>>& prompts) {
+  std::string s;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (i) s += ";";
+    for (size_t j = 0; j < prompts[i].size(); ++j) s += (j ? "," : "") + std::to_string(prompts[i][j]);
+  }
+  return s;
+}
+
+TEST(ModelCli, ForwardWritesGoldenLogits) {
+  for (const auto& f : test::model_fixtures()) {
+    if (f.name != "ernie4_5_moe" && f.name != "deepseek_v2") continue;
+    test::TempDir tmp;
+    std::string out;
+    const int rc = test::run_command(std::string(MOE_EP_BINARY) + " forward --model " + f.dir + " --prompt-ids \"" +
+                                         ids_arg(f.prompts) + "\" --logits " + (tmp / "l.safetensors"),
+                                     &out);
+    ASSERT_EQ(rc, 0) << out;
+    auto file = SafetensorsFile::open(tmp / "l.safetensors");
+    const Tensor lg = file->view("logits").clone(), len = file->view("lengths").clone();
+    ASSERT_EQ(lg.shape(), f.logits.shape());
+    ASSERT_EQ(len.dtype(), DType::I64);
+    for (size_t i = 0; i < f.prompts.size(); ++i) EXPECT_EQ(len.data<int64_t>()[i], (int64_t)f.prompts[i].size());
+    EXPECT_LE(test::max_logit_diff(lg, f.logits, f.prompts), 1e-4) << f.name;
+  }
+}
+
+TEST(ModelCli, GenerateMatchesGreedyAndWritesJson) {
+  for (const auto& f : test::model_fixtures()) {
+    if (f.name != "mixtral") continue;
+    test::TempDir tmp;
+    std::string out;
+    const int rc = test::run_command(std::string(MOE_EP_BINARY) + " generate --model " + f.dir + " --prompt-ids \"" +
+                                         ids_arg(f.prompts) + "\" --max-new-tokens 16 --ignore-eos --output-json " +
+                                         (tmp / "g.json"),
+                                     &out);
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("prefill"), std::string::npos) << out;
+    EXPECT_NE(out.find("tokens/s"), std::string::npos) << out;
+    EXPECT_NE(out.find("expert load"), std::string::npos) << out;
+    std::ifstream in(tmp / "g.json");
+    const auto j = nlohmann::json::parse(in);
+    for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(j["generated"][i].get<std::vector<int32_t>>(), f.greedy[i]);
+    EXPECT_GT(j["timings"]["decode_tokens_per_s"].get<double>(), 0);
+    // Sampling: the same seed gives the same tokens.
+    std::string a, b;
+    const std::string cmd = std::string(MOE_EP_BINARY) + " generate --model " + f.dir +
+                            " --prompt-ids \"3,4;5\" --max-new-tokens 8 --temperature 0.8 --top-k 20 --top-p 0.9 "
+                            "--seed 7";
+    ASSERT_EQ(test::run_command(cmd, &a), 0) << a;
+    ASSERT_EQ(test::run_command(cmd, &b), 0) << b;
+    EXPECT_EQ(a.substr(0, a.find("moe-ep generate")), b.substr(0, b.find("moe-ep generate")));
+  }
+}
+
+TEST(ModelCli, BadInputIsAClearError) {
+  const std::string bin = MOE_EP_BINARY, dir = test::fixtures_dir() + "/qwen3_moe";
+  std::string out;
+  EXPECT_NE(test::run_command(bin + " forward --model " + dir + " --prompt-ids \"1,2,500\" --logits /tmp/x", &out), 0);
+  EXPECT_NE(out.find("id 500 is out of vocabulary (vocab_size 112"), std::string::npos) << out;
+  EXPECT_NE(test::run_command(bin + " forward --model " + dir + " --prompt-ids \"1,2;\" --logits /tmp/x", &out), 0);
+  EXPECT_NE(out.find("prompt 1 is empty"), std::string::npos) << out;
+  EXPECT_NE(test::run_command(bin + " generate --model " + dir + " --prompt-ids \"1,2,3\" --max-new-tokens 8 "
+                                  "--max-seq-len 6",
+                              &out),
+            0);
+  EXPECT_NE(out.find("over --max-seq-len 6"), std::string::npos) << out;
+  EXPECT_EQ(test::run_command(bin + " generate --help", &out), 0);
+  for (const char* flag : {"--top-p", "--seed", "--max-seq-len", "--ep", "--tp", "--dp", "--moe-comm", "--dtype"})
+    EXPECT_NE(out.find(flag), std::string::npos) << flag;
+}
+
+}  // namespace
+}  // namespace moe
