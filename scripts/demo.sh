@@ -36,5 +36,19 @@ else
 fi
 
 echo
-echo "== 3. One Qwen3-30B-A3B-shaped MoE layer (H=2048, I=768, E=128, k=8), random bf16 weights"
+echo "== 3. Whole model: greedy generation of 16 tokens for 3 prompts, 1 rank, then 2 ranks (--ep 2)"
+PROMPTS="65;17,60,2,102,92;67,55,100,73,47,83,9,62,21"   # the prompts of $MODEL/golden/greedy.json
+$BIN generate --model $MODEL --prompt-ids "$PROMPTS" --max-new-tokens 16 --ignore-eos | tee "$OUT/gen1.txt"
+mpirun -np 2 --oversubscribe $BIN generate --model $MODEL --prompt-ids "$PROMPTS" --max-new-tokens 16 \
+  --ignore-eos --ep 2 --moe-comm alltoall | tee "$OUT/gen2.txt"
+if diff <(grep '^prompt' "$OUT/gen1.txt") <(grep '^prompt' "$OUT/gen2.txt") >/dev/null; then
+  echo "2 ranks vs 1 rank: the same tokens"
+else
+  echo "2 ranks vs 1 rank: tokens DIFFER"; exit 1
+fi
+echo "transformers' greedy tokens for the same prompts ($MODEL/golden/greedy.json):"
+grep -o '"generated": \[[0-9, ]*\]' $MODEL/golden/greedy.json | sed 's/"generated": /  /'
+
+echo
+echo "== 4. One Qwen3-30B-A3B-shaped MoE layer (H=2048, I=768, E=128, k=8), random bf16 weights"
 $BIN bench --shape qwen3-30b-a3b --tokens 1,16,128 --dtype bf16 --seconds 1

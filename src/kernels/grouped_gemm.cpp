@@ -228,7 +228,11 @@ void grouped_gemm(const GroupedGemmParams& p) {
   const Runner run = pick_runner(w.dtype);
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
   const gg::Task* tk = tasks.data();
-  if (nt == 1 || n_tasks == 1) {
+  // Below ~2^18 multiply-adds (tens of microseconds on one core) waking a team
+  // costs more than it saves, and on a loaded machine a descheduled team member
+  // stalls everyone at the barrier.
+  const int64_t macs = (p.offsets[w.n_experts] - p.offsets[0]) * w.n * w.k;
+  if (nt == 1 || n_tasks == 1 || macs < (int64_t{1} << 18)) {
     for (int64_t i = 0; i < n_tasks; ++i) run(j, tk[i]);
     return;
   }

@@ -110,7 +110,8 @@ void GqaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   const int64_t group = n_heads_ / n_kv_, max_seq = c.cache->max_seq();
   const float scale = static_cast<float>(scale_);
   KvCache& cache = *c.cache;
-#pragma omp parallel
+  // Small steps run on one thread: waking a team costs more than the work.
+#pragma omp parallel if (T * n_heads_ * max_seq * head_dim_ >= (int64_t{1} << 18))
   {
     std::vector<float> sc(max_seq);
 #pragma omp for schedule(dynamic) collapse(2)
@@ -205,7 +206,8 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   const int64_t max_seq = c.cache->max_seq();
   const float scale = static_cast<float>(scale_);
   KvCache& cache = *c.cache;
-#pragma omp parallel
+  // Small steps run on one thread: waking a team costs more than the work.
+#pragma omp parallel if (T * n_heads_ * max_seq * L >= (int64_t{1} << 18))
   {
     std::vector<float> sc(max_seq), q_lat(L), o_lat(L);
 #pragma omp for schedule(dynamic) collapse(2)
