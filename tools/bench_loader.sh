@@ -18,13 +18,17 @@ secs() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N); ech
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; }
 run_pair() {
   local label=$1
-  local cat_s load_out
+  shift
+  local cat_s io pack
   [ "$label" = cold ] && drop
   cat_s=$(secs cat "$DIR"/*.safetensors)
   [ "$label" = cold ] && drop
-  load_out=$("$BIN" inspect --model "$DIR" --load "$@" 2>/dev/null | grep "load rank")
-  echo "$label: cat: $(echo "$BYTES / $cat_s / 1e9" | bc -l | cut -c1-5) GB/s ($cat_s s); moe-ep: $load_out"
+  io=$("$BIN" inspect --model "$DIR" --load --no-pack "$@" 2>/dev/null | grep "load rank" | sed 's/.*in //')
+  [ "$label" = cold ] && drop
+  pack=$("$BIN" inspect --model "$DIR" --load "$@" 2>/dev/null | grep "load rank" | sed 's/.*in //')
+  echo "$label: cat $(echo "$BYTES / $cat_s / 1000000000" | bc -l | cut -c1-5) GB/s ($(echo "$cat_s" | cut -c1-5) s) | inspect --load --no-pack: $io | inspect --load (packed, --dtype bf16): $pack"
 }
+export OMP_WAIT_POLICY=PASSIVE
 cat "$DIR"/*.safetensors > /dev/null  # warm the page cache
 for i in 1 2 3; do run_pair warm "$@"; done
 if drop; then run_pair cold "$@"; else echo "cold: cannot drop caches here (echo 3 > /proc/sys/vm/drop_caches not permitted)"; fi

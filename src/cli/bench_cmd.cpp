@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <map>
 #include <set>
 
 #include "core/check.h"
@@ -44,8 +45,14 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       ->delimiter(',')
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--dtype", o.dtype, "Compute dtype: bf16 or f32")
-      ->check(CLI::IsMember({"f32", "bf16"}))
+  cmd->add_option("--dtype", o.dtype,
+                  "Compute dtype: bf16, f32 or int8 (W8A8 routed experts; router f32, shared experts bf16); a comma "
+                  "list (e.g. bf16,int8) benchmarks each in turn and compares them")
+      ->check([](const std::string& v) {
+        for (const std::string& d : bench::dtype_list(v))
+          if (d != "f32" && d != "bf16" && d != "int8") return "unknown dtype " + d + " (f32, bf16, int8)";
+        return std::string();
+      })
       ->capture_default_str();
   cmd->add_option("--seconds", o.seconds, "Time budget per token count (at least 3 calls are timed)")
       ->check(CLI::PositiveNumber)
@@ -55,16 +62,18 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
   add_parallel_options(cmd, o.parallel);
 }
 
-int run_bench_cmd(const BenchOptions& o) {
-  Communicator& world = parallel_world(o.parallel);
-  if (world.size() > 1) return run_bench_ep(o, world);
+namespace {
+
+// One dtype's pass: prints its table, appends its records, returns whether the check passed.
+bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohmann::json& records,
+                     std::map<int64_t, double>& ms_per_call) {
   const MoeConfig cfg = bench::bench_config(o);
-  const DType dtype = parse_dtype(o.dtype);
+  const DType dtype = parse_dtype(dtype_str);
   const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts, k = cfg.top_k;
   const int threads = num_threads();
 
   fmt::print("moe-ep bench: shape {} (H={} I={} E={} k={}), dtype {}, {} threads\n  cpu: {}\n", o.shape, H, I, E,
-             k, o.dtype, threads, cpu_summary());
+             k, dtype_str, threads, cpu_summary());
   const double t_build = now_s();
   MoeLayer layer(cfg, bench::random_layer(cfg, dtype, 0, E));
   const size_t expert_bytes = layer.weights().w13.bytes_per_expert() + layer.weights().w2.bytes_per_expert();
@@ -83,12 +92,13 @@ int run_bench_cmd(const BenchOptions& o) {
   const double bw_weights = (b13 + b2) / (b13 / measure_read_bandwidth_gbs_of(w13.data.raw(), w13.data.nbytes(), threads) +
                                           b2 / measure_read_bandwidth_gbs_of(w2.data.raw(), w2.data.nbytes(), threads));
   const double bw = std::min(bw_probe, bw_weights);
-  const double peak = dtype == DType::BF16 ? measure_bf16_peak_gflops(threads) : measure_f32_peak_gflops(threads);
+  const double peak = dtype == DType::BF16 ? measure_bf16_peak_gflops(threads)
+                      : dtype == DType::I8 ? measure_int8_peak_gops(threads)
+                                           : measure_f32_peak_gflops(threads);
   fmt::print("  limits: read bandwidth {:.1f} GB/s (512 MB probe buffer {:.1f}, the weights themselves {:.1f}), "
-             "{} peak {:.0f} GFLOP/s\n\n",
-             bw, bw_probe, bw_weights, o.dtype, peak);
+             "{} peak {:.0f} {}\n\n",
+             bw, bw_probe, bw_weights, dtype_str, peak, dtype == DType::I8 ? "GOP/s" : "GFLOP/s");
 
-  nlohmann::json records = nlohmann::json::array();
   fmt::print("{:>7} {:>10} {:>11} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8}  {}\n", "tokens", "ms/call", "tokens/s",
              "experts", "GB/s", "frac_bw", "GFLOP/s", "frac_pk", "calls", "check");
   bool all_ok = true;
@@ -130,7 +140,9 @@ int run_bench_cmd(const BenchOptions& o) {
     const double t_med = times[times.size() / 2];
     const double experts_avg = touched / times.size();
     const double S = double(cfg.shared_intermediate_size);
-    const double bytes = experts_avg * expert_bytes + gate_bytes + 3.0 * H * S * dtype_size(dtype);
+    const double bytes =
+        experts_avg * expert_bytes + gate_bytes + 3.0 * H * S * dtype_size(dtype == DType::I8 ? DType::BF16 : dtype);
+    ms_per_call[T] = t_med * 1e3;
     const double flops = 2.0 * T * k * (3.0 * H * I) + 2.0 * T * E * H + 2.0 * T * 3.0 * H * S;
     const double gbps = bytes / t_med / 1e9, gflops = flops / t_med / 1e9;
     const double frac_bw = bw > 0 ? gbps / bw : 0, frac_peak = peak > 0 ? gflops / peak : 0;
@@ -147,14 +159,41 @@ int run_bench_cmd(const BenchOptions& o) {
                        {"calls", times.size()},
                        {"check", check},
                        {"shape", o.shape},
-                       {"dtype", o.dtype},
+                       {"dtype", dtype_str},
                        {"threads", threads},
                        {"read_bw_gbs", bw},
                        {"peak_gflops", peak}});
   }
   fmt::print("\nfrac_bw: touched weight bytes per second / measured read bandwidth, the lower of the two probes\n"
              "(1.0 = the DRAM floor: bytes of the touched experts' weights / bandwidth).\n"
-             "frac_pk: GFLOP/s / measured {} dot-product peak.\n", o.dtype);
+             "frac_pk: GFLOP/s / measured {} dot-product peak{}.\n\n", dtype_str,
+             dtype == DType::I8 ? " (int8: GOP/s, 1 multiply-add = 2 ops, against the vpdpbusd peak)" : "");
+  if (!all_ok) fmt::print(stderr, "moe-ep bench: the {} output check FAILED; its timings are not valid\n", dtype_str);
+  return all_ok;
+}
+
+}  // namespace
+
+int run_bench_cmd(const BenchOptions& o) {
+  Communicator& world = parallel_world(o.parallel);
+  if (world.size() > 1) return run_bench_ep(o, world);
+  const std::vector<std::string> dts = bench::dtype_list(o.dtype);
+  nlohmann::json records = nlohmann::json::array();
+  std::vector<std::map<int64_t, double>> ms(dts.size());
+  bool all_ok = true;
+  for (size_t i = 0; i < dts.size(); ++i) all_ok = bench_one_dtype(o, dts[i], records, ms[i]) && all_ok;
+  if (dts.size() > 1) {
+    fmt::print("ms/call side by side (speed-up = {} ms / other ms):\n{:>7}", dts[0], "tokens");
+    for (const auto& d : dts) fmt::print(" {:>10}", d);
+    for (size_t i = 1; i < dts.size(); ++i) fmt::print(" {:>12}", "x vs " + dts[0]);
+    fmt::print("\n");
+    for (int64_t T : o.tokens) {
+      fmt::print("{:>7}", T);
+      for (size_t i = 0; i < dts.size(); ++i) fmt::print(" {:>10.3f}", ms[i][T]);
+      for (size_t i = 1; i < dts.size(); ++i) fmt::print(" {:>12.2f}", ms[0][T] / ms[i][T]);
+      fmt::print("\n");
+    }
+  }
   if (!o.json_path.empty()) {
     std::ofstream out(o.json_path);
     MOE_CHECK(out.good(), "cannot write --json file {}", o.json_path);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -54,6 +55,17 @@ Tensor column_slice(const Tensor& w, int64_t c0, int64_t c1) {
 }
 
 }  // namespace
+
+std::vector<std::string> dtype_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    const size_t e = std::min(s.find(',', b), s.size());
+    if (e > b) out.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
 
 std::string shape_names() {
   std::string s = "custom";
@@ -140,8 +152,9 @@ MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, i
     const int64_t S = cfg.shared_intermediate_size;
     GatedMlpWeights s;
     s.act = cfg.act;
-    s.w13 = make_packed_experts(1, 2 * S, H, dtype, true);
-    s.w2 = make_packed_experts(1, H, S, dtype, false);
+    const DType sd = dtype == DType::I8 ? DType::BF16 : dtype;  // W8A8: shared experts stay bf16
+    s.w13 = make_packed_experts(1, 2 * S, H, sd, true);
+    s.w2 = make_packed_experts(1, H, S, sd, false);
     pack_expert(s.w13, 0, random_tensor({2 * S, H}, std::sqrt(3.f / H), 7));
     pack_expert(s.w2, 0, random_tensor({H, S}, std::sqrt(3.f / S), 8));
     w.shared = std::move(s);
@@ -153,6 +166,20 @@ std::string check_sample(const MoeConfig& cfg, const MoeLayerWeights& w, const T
                          bool* ok) {
   const Tensor ref =
       moe_reference(cfg, w, x, [&](int64_t e) { return expert_weights(cfg, e, dtype); });
+  if (dtype == DType::I8) {
+    // W8A8 against the f32 layer: quantisation error, not rounding order, so the check is
+    // the cosine similarity of the outputs (the bound: >= 0.99).
+    double dot = 0, na = 0, nb = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+      const double a = y.data<float>()[i], b = ref.data<float>()[i];
+      dot += a * b;
+      na += a * a;
+      nb += b * b;
+    }
+    const double cos = na > 0 && nb > 0 ? dot / std::sqrt(na * nb) : (na == nb ? 1.0 : 0.0);
+    *ok = cos >= 0.99;
+    return fmt::format("{} ({} tokens, cosine vs f32 {:.5f})", *ok ? "ok" : "FAILED", x.dim(0), cos);
+  }
   // bf16: vLLM's CPU MoE bounds (the reference rounds like the kernels); f32: only
   // summation order differs.
   const bool bf16 = dtype == DType::BF16;

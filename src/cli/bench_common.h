@@ -6,6 +6,7 @@
 #include <chrono>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cli/bench_cmd.h"
 #include "moe/config.h"
@@ -26,7 +27,11 @@ bool is_shape(const std::string& name);
 Tensor random_tensor(const Shape& shape, float scale, uint64_t seed, DType dtype = DType::F32);
 // Routed expert e: W13 [2I, H] and W2 [H, I] in f32 holding `dtype`-exact values.
 std::pair<Tensor, Tensor> expert_weights(const MoeConfig& cfg, int64_t e, DType dtype);
+// "bf16,int8" -> {"bf16", "int8"}.
+std::vector<std::string> dtype_list(const std::string& s);
 // Router, shared experts and experts [begin, end) (their MoE-TP slice tp_rank of tp).
+// dtype I8: the routed experts W8A8 (quantised from the f32 weights, smooth = 1), the
+// shared experts bf16.
 MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, int64_t end, int tp_rank = 0,
                              int tp = 1);
 

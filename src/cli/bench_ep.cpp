@@ -38,12 +38,12 @@ double max_over_ranks(Communicator& c, double v) {
 }
 
 struct Timing {
-  double total = 0, compute = 0, shared = 0, comm = 0, bytes = 0;
+  double total = 0, compute = 0, shared = 0, comm = 0, bytes = 0, dispatch = 0;
 };
 
 // Runs n calls; per-rank medians of each part, then the max over ranks.
 Timing time_calls(EpMoeLayer& layer, const std::vector<Tensor>& inputs, int n) {
-  std::vector<double> tot, comp, sh, comm, bytes;
+  std::vector<double> tot, comp, sh, comm, bytes, disp;
   for (int i = 0; i < n; ++i) {
     const Tensor& x = inputs[i % inputs.size()];
     const double t0 = now_s();
@@ -54,10 +54,11 @@ Timing time_calls(EpMoeLayer& layer, const std::vector<Tensor>& inputs, int n) {
     sh.push_back(s.shared_s);
     comm.push_back(s.comm_wait_s);
     bytes.push_back(s.bytes_sent);
+    disp.push_back(s.dispatch_bytes);
   }
   Communicator& c = layer.comm();
   return {max_over_ranks(c, median(tot)), max_over_ranks(c, median(comp)), max_over_ranks(c, median(sh)),
-          max_over_ranks(c, median(comm)), max_over_ranks(c, median(bytes))};
+          max_over_ranks(c, median(comm)), max_over_ranks(c, median(bytes)), max_over_ranks(c, median(disp))};
 }
 
 // A plain all-to-all-v moving `bytes` per call from this rank, split evenly over the
@@ -86,6 +87,8 @@ double raw_alltoall_gbps(Communicator& c, double bytes, int n) {
 
 int run_bench_ep(const BenchOptions& o, Communicator& world) {
   const MoeConfig cfg = bench::bench_config(o);
+  MOE_CHECK(bench::dtype_list(o.dtype).size() == 1,
+            "under mpirun bench takes one --dtype (got '{}'): run once per dtype", o.dtype);
   const DType dtype = parse_dtype(o.dtype);
   const ParallelConfig& par = o.parallel.par;
   const int R = world.size(), rank = world.rank();
@@ -110,9 +113,9 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
 
   nlohmann::json records = nlohmann::json::array();
   if (root)
-    fmt::print("{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>7} {:>9} {:>7}  {}\n", "tokens", "ms/call",
-               "compute", "shared", "comm", "no-ovl", "MB/rank", "comm GB/s", "raw GB/s", "frac", "saved ms", "hidden",
-               "check");
+    fmt::print("{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>7}  {}\n", "tokens",
+               "ms/call", "compute", "shared", "comm", "no-ovl", "MB/rank", "disp MB", "comm GB/s", "raw GB/s", "frac",
+               "saved ms", "hidden", "check");
   bool all_ok = true;
   for (int64_t T : o.tokens) {
     // Each rank's own tokens (the same tokens everywhere for allreduce).
@@ -154,9 +157,9 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
     const double saved = no.total - ov.total;
     const double hidden = ov.shared > 0 ? saved / ov.shared : 0;
     if (root) {
-      fmt::print("{:>6} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>10.3f} {:>9.2f} {:>9.2f} {:>7.2f} {:>9.3f} {:>6.0f}%  {}\n",
+      fmt::print("{:>6} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>10.3f} {:>9.3f} {:>9.2f} {:>9.2f} {:>7.2f} {:>9.3f} {:>6.0f}%  {}\n",
                  T, ov.total * 1e3, ov.compute * 1e3, ov.shared * 1e3, ov.comm * 1e3, no.total * 1e3, no.bytes / 1e6,
-                 comm_gbps, raw, raw > 0 ? comm_gbps / raw : 0.0, saved * 1e3, hidden * 100, check);
+                 no.dispatch / 1e6, comm_gbps, raw, raw > 0 ? comm_gbps / raw : 0.0, saved * 1e3, hidden * 100, check);
       records.push_back({{"tokens", T},
                          {"ms_per_call", ov.total * 1e3},
                          {"compute_ms", ov.compute * 1e3},
@@ -164,6 +167,7 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
                          {"comm_ms", ov.comm * 1e3},
                          {"no_overlap_ms", no.total * 1e3},
                          {"bytes_per_rank", no.bytes},
+                         {"dispatch_bytes_per_rank", no.dispatch},
                          {"comm_gbps", comm_gbps},
                          {"raw_alltoallv_gbps", raw},
                          {"overlap_saved_ms", saved * 1e3},
@@ -179,7 +183,8 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
   if (root) {
     fmt::print(
         "\nms/call: the slowest rank's median per call; compute/shared/comm: its parts (comm: time blocked in "
-        "communication);\nno-ovl: ms/call with the shared experts run after the communication instead of during it; "
+        "communication);\nMB/rank: bytes a rank sent per call (both directions); disp MB: of those, the dispatch (tokens "
+        "to experts; alltoall, alltoall-ll);\nno-ovl: ms/call with the shared experts run after the communication instead of during it; "
         "saved = no-ovl - ms/call,\nhidden = saved / shared. comm GB/s: bytes this rank sent per call / comm time "
         "(no-overlap pass); raw: MPI all-to-all-v of the same bytes.\n");
     if (!o.json_path.empty()) {

@@ -16,6 +16,7 @@
 #include "loader/inventory.h"
 #include "loader/moe_weights.h"
 #include "loader/progress.h"
+#include "loader/shard.h"
 #include "moe/config.h"
 #include "moe/placement.h"
 
@@ -29,6 +30,7 @@ struct InspectOptions {
   bool strict = false;
   bool load = false;
   bool all_ranks = false;
+  bool no_pack = false;
   std::string dtype = "bf16";
   std::string json_path;
 };
@@ -51,7 +53,7 @@ struct LoadResult {
 LoadResult load_rank(const InspectOptions& o, const MoeConfig& cfg, const RankPlan& p, DType compute) {
   const auto t0 = std::chrono::steady_clock::now();
   Checkpoint ck = Checkpoint::open(o.model_dir);
-  Progress progress(fmt::format("moe-ep inspect: loading rank {}", p.rank), p.read_bytes());
+  Progress progress(fmt::format("moe-ep inspect: loading rank {}", p.rank), p.non_expert_bytes + p.expert_bytes);
   MlpLoadOptions opt;
   opt.compute = compute;
   opt.expert_begin = p.expert_begin;
@@ -63,6 +65,17 @@ LoadResult load_rank(const InspectOptions& o, const MoeConfig& cfg, const RankPl
   opt.progress = &progress;
   std::vector<std::string> mlp_keys_read;
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    if (o.no_pack) {
+      // The I/O path alone: each tensor's slice through its rule, copied into memory.
+      const auto reads = mlp_layer_reads(ck, cfg, l, opt);
+      for (const LayerRead& r : reads) prefetch_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size);
+      for (const LayerRead& r : reads) {
+        const Tensor t = load_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size).clone();
+        mlp_keys_read.push_back(r.key);
+        progress.advance(t.nbytes());
+      }
+      continue;
+    }
     if (cfg.is_moe_layer(l)) {
       MoeLayerWeights w = load_moe_layer(ck, cfg, l, opt);
       (void)w;
@@ -103,8 +116,17 @@ int run_inspect(const InspectOptions& o) {
   }
   const DType compute = parse_dtype(o.dtype);
   const Inventory inv = take_inventory(ck);
+  // Every layer holds at least one tensor: a config claiming more is wrong (and the
+  // per-layer loops below would run for ever).
+  MOE_CHECK(static_cast<uint64_t>(cfg.n_layers) <= static_cast<uint64_t>(inv.n_tensors),
+            "{}/config.json: num_hidden_layers={} but the checkpoint holds only {} tensors", o.model_dir,
+            cfg.n_layers, inv.n_tensors);
   const std::vector<TensorProblem> problems = check_checkpoint(ck, cfg);
-  const std::vector<RankPlan> plans = read_plan(ck, cfg, inv, o.ep, o.tp, compute);
+  size_t n_errors = 0, n_unexpected = 0;
+  for (const auto& p : problems) (p.kind == TensorProblem::Unexpected ? n_unexpected : n_errors)++;
+  // The plan enumerates experts: only once the routers have proved E against the file.
+  const std::vector<RankPlan> plans =
+      n_errors == 0 ? read_plan(ck, cfg, inv, o.ep, o.tp, compute) : std::vector<RankPlan>{};
 
   int64_t n_moe = 0;
   std::string moe_layers;
@@ -139,8 +161,7 @@ int run_inspect(const InspectOptions& o) {
   }
   if (shown < plans.size()) fmt::print("    ... ({} ranks in all)\n", plans.size());
 
-  size_t n_errors = 0, n_unexpected = 0;
-  for (const auto& p : problems) (p.kind == TensorProblem::Unexpected ? n_unexpected : n_errors)++;
+  if (plans.empty()) fmt::print("    (not computed: the checkpoint has missing or mis-shaped tensors)\n");
   if (problems.empty()) {
     fmt::print("  problems: none (every MLP tensor present with the expected shape; nothing unexpected)\n");
   } else {
@@ -157,7 +178,8 @@ int run_inspect(const InspectOptions& o) {
     for (size_t i = 0; i < (o.all_ranks ? plans.size() : 1); ++i) {
       loads.push_back(load_rank(o, cfg, plans[i], compute));
       const LoadResult& r = loads.back();
-      fmt::print("  load rank {}: read {} (plan {}) in {:.3f} s: {:.2f} GB/s\n", r.rank, gb(r.bytes_touched),
+      fmt::print("  load rank {}{}: read {} (plan {}) in {:.3f} s: {:.2f} GB/s\n", r.rank,
+                 o.no_pack ? " (no packing)" : "", gb(r.bytes_touched),
                  gb(r.planned), r.seconds, r.seconds > 0 ? r.bytes_touched / r.seconds / 1e9 : 0.0);
     }
   }
@@ -233,6 +255,9 @@ std::vector<Verb> add_inspect_verbs(CLI::App& app) {
               "Also load rank 0's share of every MLP layer (and copy the other non-expert tensors) and report the "
               "time and GB/s");
   c->add_flag("--all-ranks", o->all_ranks, "With --load: load every rank's share in turn");
+  c->add_flag("--no-pack", o->no_pack,
+              "With --load: read and copy each tensor's slice into memory but skip packing the experts into the "
+              "kernels' layout (measures the I/O path alone)");
   c->add_option("--dtype", o->dtype, "Compute dtype of the loaded expert weights: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();

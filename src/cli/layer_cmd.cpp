@@ -84,6 +84,7 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
     MlpLoadOptions lo;
     lo.compute = opt.dtype;
     lo.strict = opt.strict;
+    lo.quantize_w8a8 = opt.w8a8;
     if (is_moe) {
       moe_layer.emplace(cfg, load_moe_layer(ck, cfg, opt.layer, lo));
     } else {
@@ -104,8 +105,8 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
               opt.layer);
     const Placement placement = Placement::contiguous(cfg.n_experts, po.par.ep, po.par.tp);
     check_same_on_all_ranks(world, {{"config.json", ck.config().dump()},
-                                    {"flags", fmt::format("--layer {} --dtype {} {}", opt.layer,
-                                                          dtype_name(opt.dtype), po.flags_string())},
+                                    {"flags", fmt::format("--layer {} --dtype {}{} {}", opt.layer, dtype_name(opt.dtype),
+                                                          opt.w8a8 ? " --quantize w8a8" : "", po.flags_string())},
                                     {"placement", placement.describe()},
                                     {"input", fmt::format("{} {}", opt.input, shape_str(x.shape()))}});
     ParallelGroups groups(world, po.par);
@@ -116,6 +117,7 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
     lo.tp_rank = groups.tp_rank();
     lo.tp_size = po.par.tp;
     lo.strict = opt.strict;
+    lo.quantize_w8a8 = opt.w8a8;
     if (rank != 0) lo.warn = [](const std::string&) {};  // warn once, not once per rank
     EpOptions eo = po.ep_options();
     EpMoeLayer ep(MoeLayer(cfg, load_moe_layer(ck, cfg, opt.layer, lo)), world, placement, eo);
@@ -136,9 +138,10 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
     write_safetensors(opt.output, {{"hidden_states", y}}, {{"producer", "moe-ep layer"}});
     if (!opt.quiet)
       fmt::print(
-          "moe-ep layer: {} layer {} ({}), {} tokens, dtype {}, {}: loaded in {:.3f} s, ran in {:.3f} ms; "
+          "moe-ep layer: {} layer {} ({}), {} tokens, dtype {}{}, {}: loaded in {:.3f} s, ran in {:.3f} ms; "
           "wrote {} [{}, {}] f32\n  cpu: {}, threads: {}\n",
-          cfg.model_type, opt.layer, is_moe ? "MoE" : "dense MLP", T, dtype_name(opt.dtype), how, load_s,
+          cfg.model_type, opt.layer, is_moe ? "MoE" : "dense MLP", T, dtype_name(opt.dtype),
+          opt.w8a8 && is_moe ? " (routed experts w8a8)" : "", how, load_s,
           run_s * 1e3, opt.output, T, H, cpu_summary(), num_threads());
   }
 }
@@ -164,6 +167,13 @@ Verb add_layer_verb(CLI::App& app) {
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   lc->add_flag("--quiet", opt->quiet, "Print nothing on success");
+  auto quantize = std::make_shared<std::string>("none");
+  lc->add_option("--quantize", *quantize,
+                 "Quantise the routed experts at load: w8a8 = SmoothQuant int8 weights (per-output-channel "
+                 "scales absmax/127, smooth = 1) and per-token dynamic int8 activations; the router and the "
+                 "shared experts stay in --dtype")
+      ->check(CLI::IsMember({"none", "w8a8"}))
+      ->capture_default_str();
   lc->add_flag("--strict", opt->strict,
                "Unexpected tensors in the layer's MLP block (keys the family's name map does not use) are errors, "
                "not warnings");
@@ -172,8 +182,9 @@ Verb add_layer_verb(CLI::App& app) {
                  "default: an even split)")
       ->delimiter(',');
   add_parallel_options(lc, opt->parallel);
-  return {lc, [opt, dtype] {
+  return {lc, [opt, dtype, quantize] {
             opt->dtype = parse_dtype(*dtype);
+            opt->w8a8 = *quantize == "w8a8";
             run_layer_cmd(*opt);
             return 0;
           }};

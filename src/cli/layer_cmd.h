@@ -23,6 +23,7 @@ struct LayerCmdOptions {
   DType dtype = DType::F32;  // compute dtype of the weights: f32 or bf16
   bool quiet = false;
   bool strict = false;  // unexpected tensors in the layer's MLP block are errors
+  bool w8a8 = false;    // --quantize w8a8: routed experts as W8A8 int8 (router, shared experts: dtype)
   ParallelOptions parallel;
   std::vector<int64_t> dp_tokens;  // rows per DP replica (uneven, zeros allowed)
 };

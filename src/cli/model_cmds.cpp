@@ -188,6 +188,8 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
 
 }  // namespace
 
+Verb add_bench_model_verb(CLI::App& app);  // cli/bench_model.cpp
+
 std::vector<Verb> add_model_verbs(CLI::App& app) {
   std::vector<Verb> verbs;
   {
@@ -232,6 +234,7 @@ std::vector<Verb> add_model_verbs(CLI::App& app) {
     gc->add_flag("--quiet", g->quiet, "Print nothing (with --output-json: only the file)");
     verbs.push_back({gc, [o, g] { return run_generate(*o, *g); }});
   }
+  verbs.push_back(add_bench_model_verb(app));
   return verbs;
 }
 

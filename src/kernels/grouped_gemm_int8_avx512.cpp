@@ -72,36 +72,36 @@ inline void store16(const Job& j, char* crow, int64_t col, __m512 v, __mmask16 m
   }
 }
 
+// Column block q (16 columns) of a row: (float)(acc - comp) * a_scale * w_scale.
+inline __m512 dequant(__m512i acc, const int32_t* wc, const float* ws, int q, __m512 vas) {
+  const __m512i v = _mm512_sub_epi32(acc, _mm512_loadu_si512(wc + 16 * q));
+  return _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(v), vas), _mm512_loadu_ps(ws + 16 * q));
+}
+
+// No local arrays here: with them GCC 12 stops keeping the accumulators in registers.
 template <int MR>
-inline void epilogue(const Job& j, __m512i (&acc)[MR][4], const char* a0, const float* ws, const int32_t* wc,
+inline void epilogue(const Job& j, const __m512i (&acc)[MR][4], const char* a0, const float* ws, const int32_t* wc,
                      char* c0, int64_t col0, int nv) {
-  __m512i comp[4];
-  __m512 scale[4];
-  for (int q = 0; q < 4; ++q) {
-    comp[q] = _mm512_loadu_si512(wc + 16 * q);
-    scale[q] = _mm512_loadu_ps(ws + 16 * q);
-  }
   for (int r = 0; r < MR; ++r) {
     char* crow = c0 + r * j.ldc_bytes;
-    for (int q = 0; q < 4; ++q) acc[r][q] = _mm512_sub_epi32(acc[r][q], comp[q]);
     if (j.c_dtype == DType::I32) {
       for (int q = 0; q < 4; ++q)
         if (const __mmask16 m = col_mask(nv, 16 * q))
-          _mm512_mask_storeu_epi32(reinterpret_cast<int32_t*>(crow) + col0 + 16 * q, m, acc[r][q]);
+          _mm512_mask_storeu_epi32(reinterpret_cast<int32_t*>(crow) + col0 + 16 * q, m,
+                                   _mm512_sub_epi32(acc[r][q], _mm512_loadu_si512(wc + 16 * q)));
       continue;
     }
     float as;
     std::memcpy(&as, a0 + r * j.lda_bytes + j.a_scale_off, 4);
     const __m512 vas = _mm512_set1_ps(as);
-    __m512 t[4];
-    for (int q = 0; q < 4; ++q) t[q] = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][q]), vas), scale[q]);
     if (j.gated) {
       for (int h = 0; h < 2; ++h) {
-        const __m512 g = ActMath<Ops>::gate(j.act, t[h]);
-        store16(j, crow, col0 + 16 * h, _mm512_mul_ps(g, t[2 + h]), col_mask(nv, 16 * h));
+        const __m512 g = ActMath<Ops>::gate(j.act, dequant(acc[r][h], wc, ws, h, vas));
+        store16(j, crow, col0 + 16 * h, _mm512_mul_ps(g, dequant(acc[r][2 + h], wc, ws, 2 + h, vas)),
+                col_mask(nv, 16 * h));
       }
     } else {
-      for (int q = 0; q < 4; ++q) store16(j, crow, col0 + 16 * q, t[q], col_mask(nv, 16 * q));
+      for (int q = 0; q < 4; ++q) store16(j, crow, col0 + 16 * q, dequant(acc[r][q], wc, ws, q, vas), col_mask(nv, 16 * q));
     }
   }
 }
@@ -112,10 +112,24 @@ inline uint32_t load_u32(const char* p) {
   return u;
 }
 
+// The MR x 4 accumulators are named locals, not an array: with an array (as in the bf16
+// kernel) GCC 12 keeps the int32 accumulators in memory and reloads/stores every one of
+// them on each k step (seen in the disassembly even at MR = 2), halving the speed.
+#define MOE_I8_ROW(R)                                                                              \
+  if constexpr (MR > R) {                                                                          \
+    const __m512i a = _mm512_set1_epi32(static_cast<int>(load_u32(a0 + R * lda + 4 * p) ^ 0x80808080u)); \
+    c##R##0 = _mm512_dpbusd_epi32(c##R##0, a, b0);                                                 \
+    c##R##1 = _mm512_dpbusd_epi32(c##R##1, a, b1);                                                 \
+    c##R##2 = _mm512_dpbusd_epi32(c##R##2, a, b2);                                                 \
+    c##R##3 = _mm512_dpbusd_epi32(c##R##3, a, b3);                                                 \
+  }
+
 template <int MR, int PFD>
 inline void microkernel(const Job& j, const char* panel, const char* a0, int64_t S, __m512i (&acc)[MR][4]) {
-  const char* ar[MR];
-  for (int r = 0; r < MR; ++r) ar[r] = a0 + r * j.lda_bytes;
+  const int64_t lda = j.lda_bytes;
+  const __m512i z = _mm512_setzero_si512();
+  __m512i c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z, c20 = z, c21 = z, c22 = z, c23 = z;
+  __m512i c30 = z, c31 = z, c32 = z, c33 = z, c40 = z, c41 = z, c42 = z, c43 = z, c50 = z, c51 = z, c52 = z, c53 = z;
   for (int64_t p = 0; p < S; ++p) {
     const char* bp = panel + p * 256;
     if constexpr (PFD > 0) {
@@ -126,22 +140,24 @@ inline void microkernel(const Job& j, const char* panel, const char* a0, int64_t
     }
     const __m512i b0 = _mm512_load_si512(bp), b1 = _mm512_load_si512(bp + 64);
     const __m512i b2 = _mm512_load_si512(bp + 128), b3 = _mm512_load_si512(bp + 192);
-    for (int r = 0; r < MR; ++r) {
-      const __m512i a = _mm512_set1_epi32(static_cast<int>(load_u32(ar[r] + 4 * p) ^ 0x80808080u));
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], a, b0);
-      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], a, b1);
-      acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], a, b2);
-      acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], a, b3);
-    }
+    MOE_I8_ROW(0)
+    MOE_I8_ROW(1)
+    MOE_I8_ROW(2)
+    MOE_I8_ROW(3)
+    MOE_I8_ROW(4)
+    MOE_I8_ROW(5)
   }
+  const __m512i all[6][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23},
+                             {c30, c31, c32, c33}, {c40, c41, c42, c43}, {c50, c51, c52, c53}};
+  for (int r = 0; r < MR; ++r)
+    for (int q = 0; q < 4; ++q) acc[r][q] = all[r][q];
 }
+#undef MOE_I8_ROW
 
 template <int MR>
 void block(const Job& j, const char* panel, const char* a0, int64_t S, bool first, const float* ws, const int32_t* wc,
            char* c0, int64_t col0, int nv) {
   __m512i acc[MR][4];
-  for (int r = 0; r < MR; ++r)
-    for (int q = 0; q < 4; ++q) acc[r][q] = _mm512_setzero_si512();
   if (first)
     microkernel<MR, kPrefetchBytes>(j, panel, a0, S, acc);
   else

@@ -20,9 +20,12 @@ float q8_row_scale(const void* row, int64_t k) {
 
 namespace {
 
+// The clamp mirrors vmaxps/vminps operand by operand (a NaN becomes -127, as in the
+// vector path), so no NaN reaches the float -> int conversion.
 inline int8_t q8_round(float v, float inv) {
   float r = std::nearbyint(v * inv);
-  r = r < -127.0f ? -127.0f : (r > 127.0f ? 127.0f : r);
+  r = r > -127.0f ? r : -127.0f;
+  r = r < 127.0f ? r : 127.0f;
   return static_cast<int8_t>(static_cast<int32_t>(r));
 }
 
@@ -53,15 +56,16 @@ void quantize_row_q8(const float* x, const float* smooth, int64_t k, void* dst) 
 }
 
 float quantize_weight_row(const float* w, int64_t k, int8_t* q) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < k; ++i) {
-    const float a = std::fabs(w[i]);
-    amax = a > amax ? a : amax;
-  }
-  MOE_CHECK(std::isfinite(amax), "quantize: weight row holds a non-finite value");
-  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  for (int64_t i = 0; i < k; ++i) q[i] = q8_round(w[i], inv);
-  return amax / 127.0f;
+  for (int64_t i = 0; i < k; ++i)
+    MOE_CHECK(std::isfinite(w[i]), "quantize: weight value {} at column {} is not finite", w[i], i);
+  // The activation rule without a smooth vector: the same bits, and the vector path.
+  thread_local std::vector<char> row;
+  row.resize(q8_row_bytes(k));
+  quantize_row_q8(w, nullptr, k, row.data());
+  const float scale = q8_row_scale(row.data(), k);
+  MOE_CHECK(std::isfinite(scale), "quantize: weight row holds a non-finite value");
+  std::memcpy(q, row.data(), k);
+  return scale;
 }
 
 void quantize_rows_q8(const QuantizeRowsParams& p) {

@@ -8,7 +8,8 @@
 //   q[k]  = clamp(nearbyint(v[k] * (127 / amax)), -127, 127)   (round half to even)
 // and v = x / smooth (f32 division; skipped when there is no smooth vector: x / 1 == x).
 // The AVX-512 path performs exactly these IEEE operations, so it agrees bit for bit
-// with the scalar one (max is exact in any order).
+// with the scalar one (max is exact in any order). NaN inputs give unspecified (but
+// defined) values.
 //
 // A Q8 row is how quantised activations live in memory, in the experts' A operand and
 // in the int8 dispatch payload alike:

@@ -1,6 +1,8 @@
 // AVX-512 row quantiser (quant.h): the same IEEE operations as
 // quantize_row_q8_reference, 16 lanes at a time, so both give the same bits.
+// GCC 12 reports its own _mm512_undefined_*() inside _mm512_reduce_max_ps as uninitialized.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <cstring>

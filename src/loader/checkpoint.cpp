@@ -189,6 +189,12 @@ Tensor Checkpoint::view_rows(const std::string& key, int64_t begin, int64_t end)
   return view_elems(key, begin * row, shape);
 }
 
+void Checkpoint::prefetch_elems(const std::string& key, int64_t elem_begin, int64_t n) const {
+  if (!has(key)) return;
+  size_t si = 0;
+  s_->shard_for(key, &si).prefetch_elems(key, elem_begin, n);
+}
+
 std::vector<std::string> Checkpoint::keys_with_prefix(const std::string& prefix) const {
   std::vector<std::string> out;
   for (auto it = s_->key_shard.lower_bound(prefix); it != s_->key_shard.end() && it->first.starts_with(prefix);

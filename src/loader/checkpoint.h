@@ -46,6 +46,9 @@ class Checkpoint {
   // Rows [begin, end) of dim 0 of `key` (e.g. experts [b, e) of a stacked [E, ...]
   // tensor), touching only those rows.
   Tensor view_rows(const std::string& key, int64_t begin, int64_t end) const;
+  // Starts background reads of elements [elem_begin, elem_begin + n) of `key`
+  // (madvise WILLNEED; nothing counted). Unknown keys are ignored.
+  void prefetch_elems(const std::string& key, int64_t elem_begin, int64_t n) const;
   std::vector<std::string> keys() const;  // sorted
   // The sorted keys that start with `prefix` (cheap: a range of the key map).
   std::vector<std::string> keys_with_prefix(const std::string& prefix) const;

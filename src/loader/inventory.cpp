@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
-#include "moe/placement.h"
 
 namespace moe {
 
@@ -64,15 +63,15 @@ std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, cons
   MOE_CHECK(ep <= cfg.n_experts, "--ep {} exceeds the {} routed experts", ep, cfg.n_experts);
   MOE_CHECK(cfg.moe_intermediate_size % tp == 0, "--tp {} does not divide the experts' moe_intermediate_size {}", tp,
             cfg.moe_intermediate_size);
-  const Placement pl = Placement::contiguous(cfg.n_experts, ep, tp);
   std::vector<RankPlan> plans;
   for (int r = 0; r < ep * tp; ++r) {
     RankPlan p;
     p.rank = r;
     p.ep_rank = r / tp;
     p.tp_rank = r % tp;
-    p.expert_begin = pl.begin(p.ep_rank);
-    p.expert_end = pl.end(p.ep_rank);
+    // Placement::contiguous's blocks, by arithmetic (no per-expert table).
+    p.expert_begin = p.ep_rank * cfg.n_experts / ep;
+    p.expert_end = (p.ep_rank + 1) * cfg.n_experts / ep;
     p.non_expert_bytes = inv.non_expert_bytes();
     p.header_bytes = inv.header_bytes;
     MlpLoadOptions opt;

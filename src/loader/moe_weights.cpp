@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "core/check.h"
+#include "kernels/quant.h"
 #include "loader/scales.h"
 
 namespace moe {
@@ -19,6 +20,12 @@ std::string expert_key(const std::string& pattern, int64_t e) {
 }
 
 bool float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+// FP8 block-scaled weights (DeepSeek-V3): an F8_E4M3 weight comes with its block scales
+// "<key>_scale_inv"; it loads like a float weight, dequantised to bf16 (see load_read).
+bool fp8_weight(const Checkpoint& ck, const std::string& key, DType t) {
+  return t == DType::F8E4M3 && ck.has(key + "_scale_inv");
+}
 
 // The problem with one read's tensor, if any (headers only). Messages name the key,
 // the layer, the file and both shapes.
@@ -33,7 +40,7 @@ std::optional<TensorProblem> problem_of(const Checkpoint& ck, const std::string&
     return TensorProblem{TensorProblem::WrongShape, key,
                          fmt::format("layer {}: tensor '{}' in {} has shape {}, expected {}", layer, key,
                                      ck.file_of(key), shape_str(info.shape), shape_str(expected))};
-  if (!float_dtype(info.dtype))
+  if (!float_dtype(info.dtype) && !fp8_weight(ck, key, info.dtype))
     return TensorProblem{TensorProblem::WrongDType, key,
                          fmt::format("layer {}: tensor '{}' in {} has dtype {}, expected f32, bf16 or f16", layer, key,
                                      ck.file_of(key), dtype_name(info.dtype))};
@@ -63,7 +70,34 @@ bool uses_fused(const Checkpoint& ck, const MlpKeys& keys) {
   return !ck.has(expert_key(keys.expert_gate, 0)) && ck.has(keys.fused_gate_up);
 }
 
+// FP8: dequantised at load, one tensor (one expert) at a time, to bf16 (exact for the
+// e4m3 values; the f32 product with the block scale rounds to nearest even), so the
+// packed layout and kernels are the bf16/f32 ones and no whole model is held in f32.
+Tensor load_fp8(const Checkpoint& ck, const LayerRead& r, std::optional<DType> out) {
+  const std::string skey = r.key + "_scale_inv";
+  MOE_CHECK(r.size == 1, "tensor '{}': fp8 block-scaled weights under MoE-TP (--tp > 1) are not supported yet",
+            r.key);
+  int64_t bn = 128, bk = 128;
+  const auto& cfg = ck.config();
+  if (cfg.contains("quantization_config") && cfg["quantization_config"].contains("weight_block_size")) {
+    const auto& b = cfg["quantization_config"]["weight_block_size"];
+    MOE_CHECK(b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer(),
+              "config.json: quantization_config.weight_block_size must be [rows, cols], got {}", b.dump());
+    bn = b[0].get<int64_t>();
+    bk = b[1].get<int64_t>();
+  }
+  const Tensor w = load_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size);
+  const Tensor s = load_sharded(ck, skey, ck.info(skey).shape, ShardRule::replicated(), 0, 1);
+  try {
+    const Tensor d = dequantize_fp8_blocks(w.is_contiguous() ? w : w.clone(), s, bn, bk, DType::BF16);
+    return out ? d.to(*out) : d;
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} (tensor '{}' in {}, scales '{}')", e.what(), r.key, ck.file_of(r.key), skey));
+  }
+}
+
 Tensor load_read(const Checkpoint& ck, const LayerRead& r, std::optional<DType> out = std::nullopt) {
+  if (ck.has(r.key) && fp8_weight(ck, r.key, ck.info(r.key).dtype)) return load_fp8(ck, r, out);
   return load_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size, out);
 }
 
@@ -291,6 +325,8 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   report_unexpected(ck, cfg, layer, opt);
   const std::vector<LayerRead> reads = mlp_layer_reads(ck, cfg, layer, opt);
   for (const LayerRead& r : reads) check_or_throw(ck, r.key, r.full_shape, layer);
+  // Let the disk read this rank's whole share ahead of the copies (cold page cache).
+  for (const LayerRead& r : reads) prefetch_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size);
 
   // 2. Load, each tensor through its rule.
   const int64_t n_local = w.n_local();
@@ -316,8 +352,9 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   }
   if (bias) w.correction_bias = load_read(ck, *bias, DType::F32).reshape({E});
 
-  w.w13 = make_packed_experts(n_local, 2 * Il, H, opt.compute, /*gated=*/true);
-  w.w2 = make_packed_experts(n_local, H, Il, opt.compute, /*gated=*/false);
+  const DType experts_dtype = opt.quantize_w8a8 ? DType::I8 : opt.compute;
+  w.w13 = make_packed_experts(n_local, 2 * Il, H, experts_dtype, /*gated=*/true);
+  w.w2 = make_packed_experts(n_local, H, Il, experts_dtype, /*gated=*/false);
   std::exception_ptr err;
   std::mutex err_mu;
   auto guarded = [&](auto&& fn) {

@@ -29,6 +29,10 @@ namespace moe {
 
 struct MlpLoadOptions {
   DType compute = DType::F32;  // packed weight dtype: F32 or BF16
+  // --quantize w8a8: the routed experts become W8A8 int8 (per-output-channel scales
+  // absmax / 127 computed at load, smooth = 1); the router and shared experts stay in
+  // `compute`.
+  bool quantize_w8a8 = false;
   int64_t expert_begin = 0;    // routed experts to load: [begin, end)
   int64_t expert_end = -1;     // -1: all experts
   // MoE-TP: this rank holds intermediate rows [tp_rank*I/tp, (tp_rank+1)*I/tp) of

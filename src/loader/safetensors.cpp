@@ -286,16 +286,28 @@ void SafetensorsFile::touch(uint64_t begin, uint64_t end) {
     if (added == 0) return;
     bytes_touched_.fetch_add(added, std::memory_order_relaxed);
   }
-  // Ask for read-ahead of large ranges, on whole pages inside the range only, so no
+  advise(begin, end);
+}
+
+void SafetensorsFile::advise(uint64_t begin, uint64_t end) const {
+  // Read-ahead of large ranges, on whole pages inside the range only, so no
   // neighbouring tensor's (or expert's) pages are pulled in on its behalf.
-  constexpr uint64_t kAdviseMin = 4u << 20;
-  if (end - begin >= kAdviseMin) {
-    char* base = static_cast<char*>(mapping_.get());
-    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    const uint64_t lo = (begin + page - 1) / page * page;
-    const uint64_t hi = end / page * page;
-    if (hi > lo) ::madvise(base + lo, hi - lo, MADV_WILLNEED);  // advisory; ignore errors
-  }
+  constexpr uint64_t kAdviseMin = 256u << 10;
+  if (end <= begin || end - begin < kAdviseMin) return;
+  char* base = static_cast<char*>(mapping_.get());
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t lo = (begin + page - 1) / page * page;
+  const uint64_t hi = end / page * page;
+  if (hi > lo) ::madvise(base + lo, hi - lo, MADV_WILLNEED);  // advisory; ignore errors
+}
+
+void SafetensorsFile::prefetch_elems(const std::string& name, int64_t elem_begin, int64_t n) const {
+  const TensorInfo* info = find(name);
+  if (!info || elem_begin < 0 || n <= 0) return;
+  const uint64_t es = dtype_size(info->dtype), total = info->nbytes / es;
+  const uint64_t b = std::min<uint64_t>(static_cast<uint64_t>(elem_begin), total);
+  const uint64_t e = std::min<uint64_t>(total, b + static_cast<uint64_t>(n));
+  advise(info->offset + b * es, info->offset + e * es);
 }
 
 Tensor SafetensorsFile::view(const std::string& name) {

@@ -67,6 +67,10 @@ class SafetensorsFile {
   // shaped `shape`: a zero-copy view that counts only those bytes. Throws naming the
   // tensor and the file if the range is outside the tensor.
   Tensor view_elems(const std::string& name, int64_t elem_begin, const Shape& shape);
+  // Asks the kernel to start reading elements [elem_begin, elem_begin + n) of `name`
+  // in the background (madvise WILLNEED; not counted as touched). Out-of-range
+  // requests are clipped; errors are ignored (advisory).
+  void prefetch_elems(const std::string& name, int64_t elem_begin, int64_t n) const;
 
   const std::string& path() const { return path_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -89,6 +93,7 @@ class SafetensorsFile {
   // Counts the bytes of [begin, end) (absolute file offsets) not viewed before and
   // asks the kernel to read large ranges ahead.
   void touch(uint64_t begin, uint64_t end);
+  void advise(uint64_t begin, uint64_t end) const;
 
   std::mutex touched_mu_;
   std::map<uint64_t, uint64_t> touched_;  // disjoint, non-adjacent [begin, end) ranges

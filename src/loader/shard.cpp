@@ -69,7 +69,7 @@ ShardPlan plan_shard(const std::string& key, const Shape& full, const ShardRule&
   ShardPlan p;
   int64_t numel = 1;
   for (int64_t d : full) numel *= d;
-  if (rule.kind == ShardKind::Replicated || size == 1 && rule.kind != ShardKind::ExpertLocal) {
+  if (rule.kind == ShardKind::Replicated || (size == 1 && rule.kind != ShardKind::ExpertLocal)) {
     p.out_shape = full;
     if (numel > 0) p.ranges.push_back({0, numel});
     p.contiguous_out = true;
@@ -133,6 +133,15 @@ ShardPlan plan_shard(const std::string& key, const Shape& full, const ShardRule&
   return p;
 }
 
+void prefetch_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
+                      int rank, int size) {
+  if (!ck.has(key)) return;
+  const TensorInfo& info = ck.info(key);
+  if (info.shape != full_shape) return;
+  const ShardPlan p = plan_shard(key, full_shape, rule, rank, size);
+  for (const auto& [b, e] : p.views(dtype_size(info.dtype))) ck.prefetch_elems(key, b, e - b);
+}
+
 Tensor load_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
                     int rank, int size, std::optional<DType> out) {
   MOE_CHECK(ck.has(key), "tensor '{}' missing from checkpoint {} (expected shape {})", key, ck.dir(),
@@ -143,7 +152,8 @@ Tensor load_sharded(const Checkpoint& ck, const std::string& key, const Shape& f
   const ShardPlan p = plan_shard(key, full_shape, rule, rank, size);
   const DType src = info.dtype;
   const DType dst = out.value_or(src);
-  auto convert = [&](Tensor t) { return dst == src ? t : t.to(dst); };
+  // An explicit `out` always gives an owned copy; otherwise views stay views.
+  auto convert = [&](Tensor t) { return out ? t.to(dst) : t; };
   if (p.zero_fill) return Tensor::zeros(p.out_shape, dst);
   if (p.contiguous_out) {
     if (p.ranges.empty()) return Tensor::zeros(p.out_shape, dst);

@@ -88,12 +88,18 @@ ShardPlan plan_shard(const std::string& key, const Shape& full_shape, const Shar
 
 // This rank's slice of `key`, whose checkpoint shape must be `full_shape` (else an
 // error naming the key, the file and both shapes). The result is contiguous, in the
-// checkpoint dtype, or converted to `out` (float types) when `out` is given. When the
-// slice is one contiguous byte range and no conversion is asked for, it is a zero-
-// copy read-only view of the mapping (clone() it to own or modify it); otherwise an
-// owned copy. Only the slice's bytes are viewed (Checkpoint::bytes_touched), except
+// checkpoint dtype, or an owned copy converted to `out` (float types; any dtype when
+// equal) when `out` is given. Without `out`, a slice that is one contiguous byte range
+// is a zero-copy read-only view of the mapping (clone() it to own or modify it);
+// otherwise an owned copy. Only the slice's bytes are viewed (Checkpoint::bytes_touched), except
 // that a strided slice made of pieces under 64 KiB views the span from its first to
 // its last piece: the OS pages those bytes in anyway.
+// Starts background reads of what load_sharded(same arguments) will view; call it for
+// a batch of tensors before loading them so the disk works ahead of the copies.
+// A missing or mis-shaped tensor is skipped (load_sharded reports it).
+void prefetch_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
+                      int rank, int size);
+
 Tensor load_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
                     int rank, int size, std::optional<DType> out = std::nullopt);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "model/attention_kernels.h"
 
 namespace moe {
 
@@ -106,30 +107,17 @@ void GqaAttention::forward(const AttnContext& c, const float* x, float* out, Att
       std::memcpy(c.cache->a(c.layer, sp.slot, sp.start_pos + i), k + (sp.first + i) * nkv, nkv * sizeof(float));
       std::memcpy(c.cache->b(c.layer, sp.slot, sp.start_pos + i), v + (sp.first + i) * nkv, nkv * sizeof(float));
     }
-  const std::vector<int32_t> seq = seq_of_tokens(b);
-  const int64_t group = n_heads_ / n_kv_, max_seq = c.cache->max_seq();
-  const float scale = static_cast<float>(scale_);
-  KvCache& cache = *c.cache;
-  // Small steps run on one thread: waking a team costs more than the work.
-#pragma omp parallel if (T * n_heads_ * max_seq * head_dim_ >= (int64_t{1} << 18))
-  {
-    std::vector<float> sc(max_seq);
-#pragma omp for schedule(dynamic) collapse(2)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < n_heads_; ++h) {
-        const SeqSpan& sp = b.seqs[seq[t]];
-        const int64_t n_ctx = b.positions[t] + 1, kvh = h / group;
-        const float* qh = q + t * nq + h * hd;
-        for (int64_t j = 0; j < n_ctx; ++j) sc[j] = dot(qh, cache.a(c.layer, sp.slot, j) + kvh * hd, hd) * scale;
-        softmax_inplace(sc.data(), n_ctx);
-        float* o = ctx + t * nq + h * hd;
-        std::fill(o, o + hd, 0.f);
-        for (int64_t j = 0; j < n_ctx; ++j) {
-          const float* vj = cache.b(c.layer, sp.slot, j) + kvh * hd;
-          for (int64_t d = 0; d < hd; ++d) o[d] += sc[j] * vj[d];
-        }
-      }
-  }
+  GqaAttendArgs aa;  // scores, softmax, V sum over the cache: model/attention_kernels.h
+  aa.batch = &b;
+  aa.cache = c.cache;
+  aa.layer = c.layer;
+  aa.q = q;
+  aa.ctx = ctx;
+  aa.n_heads = n_heads_;
+  aa.n_kv = n_kv_;
+  aa.head_dim = hd;
+  aa.scale = static_cast<float>(scale_);
+  gqa_attend(aa);
   linear_forward(o_, ctx, T, out, s.lin);
 }
 

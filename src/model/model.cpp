@@ -119,15 +119,15 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     m->expert_load_[l].assign(c.moe.n_experts, 0);
     MlpLoadOptions lo;
     lo.compute = opt.dtype;
+    auto weights = [&] { return opt.moe_weights ? opt.moe_weights(l, lo) : load_moe_layer(ck, c.moe, l, lo); };
     if (!multi) {
-      L.moe = std::make_unique<MoeLayer>(c.moe, load_moe_layer(ck, c.moe, l, lo));
+      L.moe = std::make_unique<MoeLayer>(c.moe, weights());
     } else {
       lo.expert_begin = placement.begin(m->groups_->ep_rank());
       lo.expert_end = placement.end(m->groups_->ep_rank());
       lo.tp_rank = tp_rank;
       lo.tp_size = tp;
-      L.ep_moe = std::make_unique<EpMoeLayer>(MoeLayer(c.moe, load_moe_layer(ck, c.moe, l, lo)), *opt.world,
-                                              placement, opt.ep);
+      L.ep_moe = std::make_unique<EpMoeLayer>(MoeLayer(c.moe, weights()), *opt.world, placement, opt.ep);
     }
   }
 

@@ -16,6 +16,7 @@
 // Not thread-safe: one thread drives a model (kernels use OpenMP inside).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 
 #include "comm/communicator.h"
 #include "comm/groups.h"
+#include "loader/moe_weights.h"
 #include "model/attention.h"
 #include "model/batch.h"
 #include "model/kv_cache.h"
@@ -40,6 +42,11 @@ struct ModelOptions {
   ParallelConfig par;
   EpOptions ep;
   bool count_experts = false;  // keep per-layer expert load counts (costs one extra gate)
+  // When set, MoE layers take their weights from this instead of the checkpoint (which
+  // then needs no MLP tensors for them): generated models (`moe-ep bench-model`). Gets
+  // the layer and the loader options Model::load would use (experts [expert_begin,
+  // expert_end), expert_end -1 = all; tp_rank/tp_size; compute dtype).
+  std::function<MoeLayerWeights(int64_t layer, const MlpLoadOptions&)> moe_weights;
 };
 
 struct DecoderLayer {
@@ -66,6 +73,8 @@ class Model {
   // Tokens routed to each expert so far, [n_layers][E] (empty rows for dense layers),
   // counted on this rank's tokens (ModelOptions::count_experts).
   std::vector<std::vector<int64_t>>& expert_load() { return expert_load_; }
+  // Turns the expert load counting of ModelOptions::count_experts on or off.
+  void set_count_experts(bool on) { opt_.count_experts = on; }
 
   int world_size() const { return world_ ? world_->size() : 1; }
   int rank() const { return world_ ? world_->rank() : 0; }

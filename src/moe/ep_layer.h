@@ -51,6 +51,7 @@ struct EpStats {
   double shared_s = 0;    // shared experts (overlapped with comm when enabled)
   double comm_wait_s = 0;  // time blocked in communication
   double bytes_sent = 0;   // payload bytes this rank sent (both directions)
+  double dispatch_bytes = 0;  // of bytes_sent: the dispatch direction (alltoall, alltoall-ll)
   int64_t rounds = 0;
   MoeComm used = MoeComm::Auto;
   void reset() { *this = EpStats{}; }

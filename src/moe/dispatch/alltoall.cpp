@@ -114,7 +114,10 @@ class AllToAll final : public MoeStrategy {
     recv_.resize(recv_total);
     auto req = comm.iall_to_all_v(send_.data(), sb, so, recv_.data(), rb, ro);
     for (int r = 0; r < R; ++r)
-      if (r != me) st.bytes_sent += static_cast<double>(sb[r]);
+      if (r != me) {
+        st.bytes_sent += static_cast<double>(sb[r]);
+        st.dispatch_bytes += static_cast<double>(sb[r]);
+      }
     shared_.start_then_wait(layer, x, ep_.options().overlap, st, req.get());
 
     // ---- experts: every (record, slot) of this rank's experts, in arrival order.

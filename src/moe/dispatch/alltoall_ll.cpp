@@ -84,6 +84,7 @@ class AllToAllLL final : public MoeStrategy {
     for (int r = 0; r < R; ++r) off[r] = r * block_;
     auto req = comm.iall_to_all_v(send_.data(), b, off, recv_.data(), b, off);
     st.bytes_sent += static_cast<double>(block_) * (R - 1);
+    st.dispatch_bytes += static_cast<double>(block_) * (R - 1);
     shared_.start_then_wait(layer, x, ep_.options().overlap, st, req.get());
 
     {

@@ -1,0 +1,8 @@
+// The blocked GQA attention compiled with AVX-512 (model/attention_kernels_impl.h).
+#include "model/attention_kernels_impl.h"
+
+namespace moe {
+
+void gqa_attend_avx512(const GqaAttendArgs& a) { attn_impl::gqa_attend(a); }
+
+}  // namespace moe
