@@ -245,6 +245,19 @@ void MoeConfig::validate() const {
   positive(n_experts, "the number of routed experts");
   positive(top_k, "the number of experts per token");
   positive(moe_intermediate_size, "moe_intermediate_size");
+  // Upper bounds far above any real model (DeepSeek-V3: 61 layers, H 7168, E 256), so a
+  // hostile config.json cannot make a loop over layers or a size computation run
+  // away before any tensor is checked.
+  auto bounded = [](int64_t v, int64_t limit, const char* what) {
+    MOE_CHECK(v <= limit, "config.json: {} = {} is implausibly large (limit {})", what, v, limit);
+  };
+  bounded(n_layers, 1 << 16, "num_hidden_layers");
+  bounded(hidden_size, 1 << 20, "hidden_size");
+  bounded(n_experts, 1 << 20, "the number of routed experts");
+  bounded(top_k, 1 << 12, "the number of experts per token");
+  bounded(moe_intermediate_size, 1 << 24, "moe_intermediate_size");
+  bounded(dense_intermediate_size, 1 << 24, "intermediate_size");
+  bounded(shared_intermediate_size, 1 << 24, "the shared experts' intermediate size");
   MOE_CHECK(top_k <= n_experts, "config.json: {} experts per token but only {} experts", top_k, n_experts);
   MOE_CHECK(dense_intermediate_size >= 0 && shared_intermediate_size >= 0,
             "config.json: intermediate sizes must not be negative");
