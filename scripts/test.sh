@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Builds moe-ep and runs every test. The README's test command; .ci/run calls it.
+#   1. Release build, then ctest: unit and fixture tests, the multi-rank suites under
+#      mpirun with 1-4 ranks, and the fault tests.
+#   2. The loader suites (hostile-checkpoint corpus, safetensors validation, sharding,
+#      scales, bad input) once more under AddressSanitizer + UndefinedBehaviorSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-cd build
-ctest --output-on-failure --timeout 900 -j"${JOBS:-$(nproc)}"
+(cd build && ctest --output-on-failure --timeout 900 -j"${JOBS:-$(nproc)}")
+bash scripts/test_sanitize.sh
