@@ -18,36 +18,13 @@
 
 #include <cstring>
 
-#include "kernels/grouped_gemm_avx512_store.h"
+#include "kernels/grouped_gemm_avx512_common.h"
 #include "kernels/grouped_gemm_impl.h"
 
 namespace moe::gg {
 namespace {
 
-constexpr int kPrefetchBytes = 4096;  // as the bf16 kernel (grouped_gemm_avx512.cpp)
 constexpr int kMR = 6;
-
-struct Ops {
-  using V = __m512;
-  static V c(float x) { return _mm512_set1_ps(x); }
-  static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
-  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static V div(V a, V b) { return _mm512_div_ps(a, b); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V min(V a, V b) { return _mm512_min_ps(a, b); }
-  static V max(V a, V b) { return _mm512_max_ps(a, b); }
-  static V abs(V a) { return _mm512_abs_ps(a); }
-  static V rint(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  static V pow2n(V n) {
-    const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
-  }
-  static V select_nonneg(V g, V a, V b) {
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ), b, a);
-  }
-};
-
 // Column block q (16 columns) of a row: (float)(acc - comp) * a_scale * w_scale.
 inline __m512 dequant(__m512i acc, const int32_t* wc, const float* ws, int q, __m512 vas) {
   const __m512i v = _mm512_sub_epi32(acc, _mm512_loadu_si512(wc + 16 * q));
@@ -72,7 +49,7 @@ inline void epilogue(const Job& j, const __m512i (&acc)[MR][4], const char* a0, 
     const __m512 vas = _mm512_set1_ps(as);
     if (j.gated) {
       for (int h = 0; h < 2; ++h) {
-        const __m512 g = ActMath<Ops>::gate(j.act, dequant(acc[r][h], wc, ws, h, vas));
+        const __m512 g = ActMath<Avx512Ops>::gate(j.act, dequant(acc[r][h], wc, ws, h, vas));
         store16(j, crow, col0 + 16 * h, _mm512_mul_ps(g, dequant(acc[r][2 + h], wc, ws, 2 + h, vas)),
                 col_mask(nv, 16 * h));
       }
