@@ -35,13 +35,14 @@ std::string le64(uint64_t n) {
   return s;
 }
 
-// Copies fixture `name` (single file) to dst, with optional edits of tensors and config.
+// Copies fixture `name` (sharded or not) to dst as one model.safetensors, with optional
+// edits of tensors and config.
 void copy_fixture(const std::string& name, const std::string& dst, const std::function<void(Tensors&)>& edit = {},
                   const std::function<void(json&)>& edit_config = {}) {
   const std::string src = test::fixtures_dir() + "/" + name;
-  auto file = SafetensorsFile::open(src + "/model.safetensors");
+  const Checkpoint ck = Checkpoint::open(src);
   Tensors ts;
-  for (const TensorInfo& info : file->tensors()) ts.emplace_back(info.name, file->view(info.name).clone());
+  for (const std::string& key : ck.keys()) ts.emplace_back(key, ck.view(key).clone());
   if (edit) edit(ts);
   write_safetensors(dst + "/model.safetensors", ts);
   json cfg = json::parse(read_all(src + "/config.json"));
@@ -261,6 +262,83 @@ TEST(HostileCorpus, UnexpectedTensorWarnsOrFailsWithStrict) {
   test::TempDir d3;
   copy_fixture("mixtral", d3.path(), {}, [](json& j) { j["num_hidden_layers"] = int64_t(1) << 40; });
   expect_clean_failure(run("inspect --model " + d3.path(), &log), log, {"num_hidden_layers", "1099511627776"});
+}
+
+// Outside the MLP blocks `inspect` checks every tensor the model reads (embeddings,
+// lm_head, norms, attention of both kinds, q/k/v biases): each problem is a clean exit 1
+// naming the key, the layer and the shapes, and `forward`, which loads the whole model,
+// fails on the same tensor.
+TEST(HostileCorpus, BrokenNonMlpTensorsFailInspectAndForward) {
+  struct NonMlpCase {
+    std::string name, fixture;
+    std::function<void(Tensors&)> edit;
+    std::vector<std::string> words;
+  };
+  const std::string q0 = "model.layers.0.self_attn.q_proj.", k1 = "model.layers.1.self_attn.k_proj.weight";
+  const std::vector<NonMlpCase> cases = {
+      {"missing_gqa_k_proj", "qwen3_moe", [&](Tensors& ts) { erase_tensor(ts, k1); },
+       {k1, "layer 1", "missing", "[16, 40]"}},
+      {"wrong_shape_norm", "qwen3_moe",
+       [](Tensors& ts) {
+         replace_tensor(ts, "model.layers.2.post_attention_layernorm.weight", Tensor::zeros({39}, DType::BF16));
+       },
+       {"model.layers.2.post_attention_layernorm.weight", "layer 2", "[39]", "[40]", "model.safetensors"}},
+      {"missing_q_norm", "qwen3_moe", [](Tensors& ts) { erase_tensor(ts, "model.layers.0.self_attn.q_norm.weight"); },
+       {"model.layers.0.self_attn.q_norm.weight", "layer 0", "[8]"}},
+      {"missing_qkv_bias", "qwen2_moe", [&](Tensors& ts) { erase_tensor(ts, q0 + "bias"); },
+       {q0 + "bias", "layer 0", "missing", "[32]"}},
+      {"wrong_shape_mla_kv_b", "deepseek_v2",
+       [](Tensors& ts) {
+         replace_tensor(ts, "model.layers.1.self_attn.kv_b_proj.weight", Tensor::zeros({64, 15}, DType::F32));
+       },
+       {"model.layers.1.self_attn.kv_b_proj.weight", "layer 1", "[64, 15]", "[64, 16]"}},
+      {"missing_mla_q_a_norm", "deepseek_v3",
+       [](Tensors& ts) { erase_tensor(ts, "model.layers.2.self_attn.q_a_layernorm.weight"); },
+       {"model.layers.2.self_attn.q_a_layernorm.weight", "layer 2", "[24]"}},
+      {"missing_lm_head", "mixtral", [](Tensors& ts) { erase_tensor(ts, "lm_head.weight"); },
+       {"lm_head.weight", "missing", "[128, 32]"}},
+      {"wrong_shape_embeddings", "ernie4_5_moe",
+       [](Tensors& ts) { replace_tensor(ts, "model.embed_tokens.weight", Tensor::zeros({96, 31}, DType::F32)); },
+       {"model.embed_tokens.weight", "[96, 31]", "[96, 32]"}},
+      {"int_attention_weight", "mixtral",
+       [&](Tensors& ts) { replace_tensor(ts, q0 + "weight", Tensor::zeros({32, 32}, DType::I32)); },
+       {q0 + "weight", "dtype"}},
+  };
+  for (const NonMlpCase& k : cases) {
+    SCOPED_TRACE(k.name);
+    test::TempDir d;
+    copy_fixture(k.fixture, d.path(), k.edit);
+    std::string log;
+    expect_clean_failure(run("inspect --model " + d.path() + " --ep 2 --tp 2", &log), log, k.words);
+    EXPECT_NE(log.find("problems: 1 missing/mis-shaped, 0 unexpected"), std::string::npos) << log;
+    expect_clean_failure(
+        run("forward --model " + d.path() + " --prompt-ids 1,2 --logits " + (d / "logits.safetensors"), &log), log,
+        {k.words[0]});
+  }
+}
+
+// A tensor the model does not read, anywhere: a warning (the model runs), an error
+// with --strict.
+TEST(HostileCorpus, UnreadNonMlpTensorsAreUnexpected) {
+  struct Extra {
+    std::string fixture, key, why;
+  };
+  const std::vector<Extra> extras = {
+      {"mixtral", "model.layers.1.self_attn.rotary_emb.inv_freq", "layer 1: unexpected tensor"},
+      {"qwen3_moe", "model.layers.0.self_attn.o_proj.bias", "layer 0: unexpected tensor"},  // attention_bias false
+      {"ernie4_5_moe", "lm_head.weight", "unexpected tensor 'lm_head.weight'"},              // tied embeddings
+      {"deepseek_v2", "model.vision_tower.weight", "unexpected tensor 'model.vision_tower.weight'"},
+  };
+  for (const Extra& x : extras) {
+    SCOPED_TRACE(x.key);
+    test::TempDir d;
+    copy_fixture(x.fixture, d.path(), [&](Tensors& ts) { ts.emplace_back(x.key, Tensor::zeros({4}, DType::F32)); });
+    std::string log;
+    EXPECT_EQ(run("inspect --model " + d.path(), &log), 0) << log;
+    EXPECT_NE(log.find("warning: " + x.why), std::string::npos) << log;
+    EXPECT_NE(log.find(x.key), std::string::npos) << log;
+    expect_clean_failure(run("inspect --strict --model " + d.path(), &log), log, {x.key, "unexpected"});
+  }
 }
 
 TEST(HostileCorpus, RandomByteFlipsOfAHeaderNeverCrashTheCli) {

@@ -105,7 +105,12 @@ TEST(LoaderShard, StackedExpertsReadOnlyTheirRowsAndSlice) {
   Checkpoint ck = make_ckpt(d, {{"gu", iota({E, 2 * I, H})}, {"dn", iota({E, H, I})}});
   const ShardPlan plan = plan_shard("gu", {E, 2 * I, H}, ShardRule::expert_local_stacked(1, 3, 0, 2), 1, 2);
   EXPECT_EQ(plan.out_shape, (Shape{2, I, H}));
-  EXPECT_EQ(plan.ranges.size(), 4u);  // 2 experts x (gate, up) pieces
+  // 2 experts x (gate, up) pieces of I/2 rows, I rows apart: one run of 4.
+  ASSERT_EQ(plan.runs.size(), 1u);
+  EXPECT_EQ(plan.runs[0].count, 4);
+  EXPECT_EQ(plan.runs[0].len, I / 2 * H);
+  EXPECT_EQ(plan.runs[0].stride, I * H);
+  EXPECT_EQ(plan.runs[0].begin, (2 * I + I / 2) * H);
   const Tensor t = load_sharded(ck, "gu", {E, 2 * I, H}, ShardRule::expert_local_stacked(1, 3, 0, 2), 1, 2);
   EXPECT_EQ(t.shape(), (Shape{2, I, H}));
   // local expert 1 = global 2; its row 0 is gate row I/2, row I/2 is up row I + I/2.
@@ -117,12 +122,39 @@ TEST(LoaderShard, StackedExpertsReadOnlyTheirRowsAndSlice) {
   const Tensor all = load_sharded(ck, "gu", {E, 2 * I, H}, ShardRule::expert_local_stacked(2, 4, 0, 2), 0, 1);
   EXPECT_EQ(all.shape(), (Shape{2, 2 * I, H}));
   EXPECT_EQ(all.data<float>()[0], static_cast<float>(2 * 2 * I * H));
-  // Down [E, H, I] sliced on I: small strided pieces, read as the span of the experts' rows.
+  // Down [E, H, I] sliced on I (MoE-TP): a small strided piece per row, and only those
+  // bytes are read: half of expert 3's down_proj.
   const uint64_t before = ck.bytes_touched();
   const Tensor dn = load_sharded(ck, "dn", {E, H, I}, ShardRule::expert_local_stacked(3, 4, 1), 0, 2);
   EXPECT_EQ(dn.shape(), (Shape{1, H, I / 2}));
   EXPECT_EQ(dn.data<float>()[I / 2], static_cast<float>(3 * H * I + I));  // row 1, col 0
-  EXPECT_LE(ck.bytes_touched() - before, static_cast<uint64_t>(H * I * 4));  // within expert 3
+  EXPECT_EQ(ck.bytes_touched() - before, static_cast<uint64_t>(H * I / 2 * 4));
+}
+
+TEST(LoaderShard, StridedReadsCountTheUnionOfWhatEachRankTouches) {
+  // o_proj-like [H, nq] row-parallel over 4: each rank reads a column block of every
+  // row, and a rank's bytes are exactly its quarter.
+  const int64_t H = 64, nq = 32;
+  test::TempDir d;
+  Checkpoint ck = make_ckpt(d, {{"o", iota({H, nq})}, {"x", iota({16})}});
+  const uint64_t full = H * nq * 4;
+  const Tensor t1 = load_sharded(ck, "o", {H, nq}, ShardRule::row(), 1, 4);
+  EXPECT_EQ(t1.shape(), (Shape{H, nq / 4}));
+  EXPECT_EQ(t1.data<float>()[nq / 4 + 2], static_cast<float>(nq + nq / 4 + 2));  // row 1, col 2 of the block
+  EXPECT_EQ(ck.bytes_touched(), full / 4);
+  load_sharded(ck, "o", {H, nq}, ShardRule::row(), 1, 4);  // the same slice again: nothing new
+  EXPECT_EQ(ck.bytes_touched(), full / 4);
+  load_sharded(ck, "o", {H, nq}, ShardRule::row(), 3, 4);  // another rank's: disjoint pieces
+  EXPECT_EQ(ck.bytes_touched(), full / 2);
+  ck.view_elems("o", nq / 4, {nq / 2});  // row 0 cols [8, 24): half of it was rank 1's
+  EXPECT_EQ(ck.bytes_touched(), full / 2 + nq / 4 * 4);
+  ck.view("o");  // the whole tensor: counted once
+  EXPECT_EQ(ck.bytes_touched(), full);
+  ck.view("x");
+  EXPECT_EQ(ck.bytes_touched(), full + 16 * 4);
+  // Pieces outside the tensor are an error naming it.
+  std::vector<float> buf(64);
+  expect_error([&] { ck.copy_strided("o", 0, 8, nq, H + 1, buf.data()); }, {"'o'", "outside"});
 }
 
 TEST(LoaderShard, WhitelistReplicatesAndDTypeConverts) {
@@ -176,6 +208,15 @@ TEST(LoaderShard, MoeLayerSharesMatchTheFullLoadAndReadOnlyTheirExperts) {
         const MoeLayerWeights w = load_moe_layer(ck, cfg, 0, o);
         EXPECT_EQ(ck.bytes_touched(), mlp_layer_read_bytes(ck, cfg, 0, o));
         const int64_t Il = I / tp;
+        // Exactly this rank's slice of its experts (gate, up and down: 3 x [Il, H])
+        // plus the replicated router and shared experts: nothing of the other slice.
+        uint64_t replicated = 0;
+        for (const LayerRead& r : mlp_layer_reads(ck, cfg, 0, o))
+          if (r.role == LayerRead::Router || r.role == LayerRead::Bias || r.role == LayerRead::Shared ||
+              r.role == LayerRead::SharedGate)
+            replicated += ck.info(r.key).nbytes;
+        const uint64_t es = dtype_size(ck.info(mlp_keys(cfg, 0, &ck).router).dtype);
+        EXPECT_EQ(ck.bytes_touched(), replicated + static_cast<uint64_t>((e - b) * 3 * Il * cfg.hidden_size) * es);
         for (int64_t le = 0; le < e - b; ++le) {
           const Tensor got13 = unpack_expert(w.w13, le), ref13 = unpack_expert(full.w13, b + le);
           const Tensor got2 = unpack_expert(w.w2, le), ref2 = unpack_expert(full.w2, b + le);

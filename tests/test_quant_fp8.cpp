@@ -107,14 +107,60 @@ TEST(QuantFp8, BlockScaledCheckpointLoadsBitExactAndCloseToF32) {
   EXPECT_GE(test::cosine(q8.forward(x), f32.forward(x)), 0.99);
 }
 
+// With bf16 compute the routed and shared experts stay e4m3 in memory and the GEMM
+// dequantises them panel by panel: the layer equals, bit for bit, the same layer with
+// the weights dequantised to bf16 at load, and the experts take half the memory.
+TEST(QuantFp8, Bf16ComputeKeepsE4m3AndEqualsDequantisedAtLoad) {
+  test::TempDir tmp;
+  write_fp8_fixture(tmp.path(), 1, 8, 16, 8);
+  Checkpoint ck = Checkpoint::open(tmp.path());
+  const MoeConfig cfg = MoeConfig::from_hf(ck.config());
+  MlpLoadOptions lo;
+  lo.compute = DType::BF16;
+  MoeLayer fp8(cfg, load_moe_layer(ck, cfg, 1, lo));
+  ASSERT_EQ(fp8.weights().w13.dtype, DType::F8E4M3);
+  ASSERT_EQ(fp8.weights().w2.dtype, DType::F8E4M3);
+  ASSERT_TRUE(fp8.weights().shared.has_value());
+  EXPECT_EQ(fp8.weights().shared->w13.dtype, DType::F8E4M3);
+  EXPECT_EQ(fp8.compute_dtype(), DType::BF16);
+
+  auto to_bf16 = [](const PackedExperts& p) {
+    PackedExperts b = make_packed_experts(p.n_experts, p.n, p.k, DType::BF16, p.gated);
+    for (int64_t e = 0; e < p.n_experts; ++e) pack_expert(b, e, unpack_expert(p, e));  // bf16-exact values
+    return b;
+  };
+  MoeLayerWeights at_load = fp8.weights();
+  at_load.w13 = to_bf16(fp8.weights().w13);
+  at_load.w2 = to_bf16(fp8.weights().w2);
+  at_load.shared->w13 = to_bf16(fp8.weights().shared->w13);
+  at_load.shared->w2 = to_bf16(fp8.weights().shared->w2);
+  EXPECT_EQ(fp8.weights().w13.data.nbytes() * 2, at_load.w13.data.nbytes());
+  MoeLayer deq(cfg, std::move(at_load));
+  for (int64_t T : {1, 3, 40}) {
+    const Tensor x = test::seeded({T, 32}, 1.f, 10 + T);
+    const Tensor a = fp8.forward(x), b = deq.forward(x);
+    ASSERT_EQ(0, std::memcmp(a.raw(), b.raw(), a.nbytes())) << "T=" << T;
+  }
+  Checkpoint ref_ck = Checkpoint::open(test::fixtures_dir() + "/deepseek_v3");
+  lo.compute = DType::F32;
+  MoeLayer f32(cfg, load_moe_layer(ref_ck, cfg, 1, lo));
+  const Tensor x = test::seeded({9, 32}, 1.f, 4);
+  const double cs = test::cosine(fp8.forward(x), f32.forward(x));
+  std::printf("[ fp8      ] deepseek_v3 layer 1, e4m3 kept, bf16 compute: cosine vs f32 %.6f\n", cs);
+  EXPECT_GE(cs, 0.99);
+}
+
 TEST(QuantFp8, BadBlocksAndScalesAreClearErrors) {
+  for (DType compute : {DType::F32, DType::BF16}) {
+  MlpLoadOptions lo;
+  lo.compute = compute;
   {
     test::TempDir tmp;  // weight_block_size [7, 16] does not divide [16, 32]
     write_fp8_fixture(tmp.path(), 1, 8, 16, 7);
     Checkpoint ck = Checkpoint::open(tmp.path());
     const MoeConfig cfg = MoeConfig::from_hf(ck.config());
     try {
-      load_moe_layer(ck, cfg, 1, {});
+      load_moe_layer(ck, cfg, 1, lo);
       FAIL() << "no error";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("does not divide"), std::string::npos) << e.what();
@@ -127,11 +173,12 @@ TEST(QuantFp8, BadBlocksAndScalesAreClearErrors) {
     Checkpoint ck = Checkpoint::open(tmp.path());
     const MoeConfig cfg = MoeConfig::from_hf(ck.config());
     try {
-      load_moe_layer(ck, cfg, 1, {});
+      load_moe_layer(ck, cfg, 1, lo);
       FAIL() << "no error";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("weight_scale_inv has shape"), std::string::npos) << e.what();
     }
+  }
   }
 }
 

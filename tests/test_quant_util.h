@@ -78,15 +78,17 @@ inline MoeLayerWeights w8a8_layer(const MoeConfig& cfg, int64_t begin, int64_t e
   return w;
 }
 
-inline double cosine(const Tensor& a, const Tensor& b) {
+// Cosine similarity of two f32 vectors of n values (1 when both are zero).
+inline double cosine(const float* a, const float* b, int64_t n) {
   double dot = 0, na = 0, nb = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.data<float>()[i], y = b.data<float>()[i];
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = a[i], y = b[i];
     dot += x * y;
     na += x * x;
     nb += y * y;
   }
   return na > 0 && nb > 0 ? dot / std::sqrt(na * nb) : (na == nb ? 1.0 : 0.0);
 }
+inline double cosine(const Tensor& a, const Tensor& b) { return cosine(a.data<float>(), b.data<float>(), a.numel()); }
 
 }  // namespace moe::test

@@ -46,11 +46,13 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--dtype", o.dtype,
-                  "Compute dtype: bf16, f32 or int8 (W8A8 routed experts; router f32, shared experts bf16); a comma "
-                  "list (e.g. bf16,int8) benchmarks each in turn and compares them")
+                  "Compute dtype: bf16, f32, int8 (W8A8 routed experts; router f32, shared experts bf16) or fp8 "
+                  "(routed experts e4m3 with 128x128 block scales, dequantised to bf16 inside the GEMM); a comma "
+                  "list (e.g. bf16,int8,fp8) benchmarks each in turn and compares them")
       ->check([](const std::string& v) {
         for (const std::string& d : bench::dtype_list(v))
-          if (d != "f32" && d != "bf16" && d != "int8") return "unknown dtype " + d + " (f32, bf16, int8)";
+          if (d != "f32" && d != "bf16" && d != "int8" && d != "fp8")
+            return "unknown dtype " + d + " (f32, bf16, int8, fp8)";
         return std::string();
       })
       ->capture_default_str();
@@ -76,7 +78,12 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
              k, dtype_str, threads, cpu_summary());
   const double t_build = now_s();
   MoeLayer layer(cfg, bench::random_layer(cfg, dtype, 0, E));
-  const size_t expert_bytes = layer.weights().w13.bytes_per_expert() + layer.weights().w2.bytes_per_expert();
+  // FP8: the block scales are read with the codes (w_scale, about 6 % of the codes).
+  auto scale_bytes = [&](const PackedExperts& p) {
+    return p.dtype == DType::F8E4M3 ? p.w_scale.nbytes() / std::max<int64_t>(1, p.n_experts) : size_t{0};
+  };
+  const size_t expert_bytes = layer.weights().w13.bytes_per_expert() + layer.weights().w2.bytes_per_expert() +
+                              scale_bytes(layer.weights().w13) + scale_bytes(layer.weights().w2);
   const double gate_bytes = double(E) * H * 4;
   fmt::print("  weights: {:.2f} GB of experts ({:.1f} MB each), built in {:.1f} s\n",
              double(expert_bytes) * E / 1e9, expert_bytes / 1e6, now_s() - t_build);
@@ -95,7 +102,8 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
   };
   const double bw_weights = weights_bw();
   const double bw = std::min(bw_probe, bw_weights);
-  const double peak = dtype == DType::BF16 ? measure_bf16_peak_gflops(threads)
+  // FP8 weights are dequantised to bf16 and multiplied on the bf16 units: the bf16 peak.
+  const double peak = dtype == DType::BF16 || dtype == DType::F8E4M3 ? measure_bf16_peak_gflops(threads)
                       : dtype == DType::I8 ? measure_int8_peak_gops(threads)
                                            : measure_f32_peak_gflops(threads);
   fmt::print("  limits: read bandwidth {:.1f} GB/s (512 MB probe buffer {:.1f}, the weights themselves {:.1f}), "
@@ -145,7 +153,7 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
     const double experts_avg = touched / times.size();
     const double S = double(cfg.shared_intermediate_size);
     const double bytes =
-        experts_avg * expert_bytes + gate_bytes + 3.0 * H * S * dtype_size(dtype == DType::I8 ? DType::BF16 : dtype);
+        experts_avg * expert_bytes + gate_bytes + 3.0 * H * S * dtype_size(dtype == DType::I8 || dtype == DType::F8E4M3 ? DType::BF16 : dtype);
     ms_per_call[T] = t_med * 1e3;
     const double flops = 2.0 * T * k * (3.0 * H * I) + 2.0 * T * E * H + 2.0 * T * 3.0 * H * S;
     const double gbps = bytes / t_med / 1e9, gflops = flops / t_med / 1e9;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "kernels/quant.h"
 #include "moe/reference.h"
 
 namespace moe::bench {
@@ -123,8 +124,40 @@ Tensor random_tensor(const Shape& shape, float scale, uint64_t seed, DType dtype
   return t;
 }
 
+Fp8Expert fp8_expert(const MoeConfig& cfg, int64_t e) {
+  const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size;
+  MOE_CHECK(H % kFp8Block == 0 && I % kFp8Block == 0,
+            "--dtype fp8 needs hidden and intermediate sizes that are multiples of the {} block (got H={} I={})",
+            kFp8Block, H, I);
+  // Codes with exponent fields 5..8 (|v| in [0.25, 3.75]) and a random sign; block scales
+  // around sqrt(3 / fan_in) / 2, so the weights look like the f32 ones (variance ~1/fan_in).
+  auto codes = [](int64_t n, int64_t k, uint64_t seed) {
+    Tensor t = Tensor::empty({n, k}, DType::F8E4M3);
+    auto* p = static_cast<uint8_t*>(t.raw());
+    Rng r{seed};
+    for (int64_t i = 0; i < n * k; ++i) {
+      const uint64_t b = r.next();
+      p[i] = static_cast<uint8_t>((b & 0x80) | (5 + ((b >> 8) & 3)) << 3 | ((b >> 16) & 7));
+    }
+    return t;
+  };
+  auto scales = [](int64_t n, int64_t k, float base, uint64_t seed) {
+    Tensor t = Tensor::empty({n / kFp8Block, k / kFp8Block}, DType::F32);
+    Rng r{seed};
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = base * (1.0f + 0.25f * r.uniform());
+    return t;
+  };
+  return {codes(2 * I, H, 300 + 2 * e), scales(2 * I, H, 0.5f * std::sqrt(3.f / H) / 1.5f, 400 + 2 * e),
+          codes(H, I, 301 + 2 * e), scales(H, I, 0.5f * std::sqrt(3.f / I) / 1.5f, 401 + 2 * e)};
+}
+
 std::pair<Tensor, Tensor> expert_weights(const MoeConfig& cfg, int64_t e, DType dtype) {
   const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size;
+  if (dtype == DType::F8E4M3) {  // the bf16 values the kernel computes with
+    const Fp8Expert f = fp8_expert(cfg, e);
+    return {dequantize_fp8_blocks(f.w13, f.s13, kFp8Block, kFp8Block, DType::BF16).to(DType::F32),
+            dequantize_fp8_blocks(f.w2, f.s2, kFp8Block, kFp8Block, DType::BF16).to(DType::F32)};
+  }
   // Uniform with scale sqrt(3 / fan_in) has variance 1 / fan_in: activations stay O(1).
   return {random_tensor({2 * I, H}, std::sqrt(3.f / H), 100 + 2 * e, dtype),
           random_tensor({H, I}, std::sqrt(3.f / I), 101 + 2 * e, dtype)};
@@ -140,19 +173,32 @@ MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, i
   w.gate = make_packed_experts(1, E, H, DType::F32, false);
   // Gate scale 4/sqrt(H): logits of a few units, so routing is far from uniform.
   pack_expert(w.gate, 0, random_tensor({E, H}, 4.f / std::sqrt(float(H)), 1));
-  w.w13 = make_packed_experts(end - begin, 2 * Il, H, dtype, true);
-  w.w2 = make_packed_experts(end - begin, H, Il, dtype, false);
+  if (dtype == DType::F8E4M3) {
+    MOE_CHECK(tp == 1, "--dtype fp8 with --tp > 1 is not supported (fp8 experts are not sliced for MoE-TP)");
+    w.w13 = make_packed_experts_fp8(end - begin, 2 * I, H, true, kFp8Block);
+    w.w2 = make_packed_experts_fp8(end - begin, H, I, false, kFp8Block);
 #pragma omp parallel for schedule(dynamic)
-  for (int64_t e = begin; e < end; ++e) {
-    const auto [w13, w2] = expert_weights(cfg, e, DType::F32);
-    pack_expert(w.w13, e - begin, tp == 1 ? w13 : gate_up_slice(w13, I, i0, i0 + Il));
-    pack_expert(w.w2, e - begin, tp == 1 ? w2 : column_slice(w2, i0, i0 + Il));
+    for (int64_t e = begin; e < end; ++e) {
+      const Fp8Expert f = fp8_expert(cfg, e);
+      pack_expert_fp8(w.w13, e - begin, f.w13, f.s13, kFp8Block);
+      pack_expert_fp8(w.w2, e - begin, f.w2, f.s2, kFp8Block);
+    }
+  } else {
+    w.w13 = make_packed_experts(end - begin, 2 * Il, H, dtype, true);
+    w.w2 = make_packed_experts(end - begin, H, Il, dtype, false);
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t e = begin; e < end; ++e) {
+      const auto [w13, w2] = expert_weights(cfg, e, DType::F32);
+      pack_expert(w.w13, e - begin, tp == 1 ? w13 : gate_up_slice(w13, I, i0, i0 + Il));
+      pack_expert(w.w2, e - begin, tp == 1 ? w2 : column_slice(w2, i0, i0 + Il));
+    }
   }
   if (cfg.shared_intermediate_size > 0) {
     const int64_t S = cfg.shared_intermediate_size;
     GatedMlpWeights s;
     s.act = cfg.act;
-    const DType sd = dtype == DType::I8 ? DType::BF16 : dtype;  // W8A8: shared experts stay bf16
+    // W8A8 and FP8 benches: shared experts stay bf16.
+    const DType sd = dtype == DType::I8 || dtype == DType::F8E4M3 ? DType::BF16 : dtype;
     s.w13 = make_packed_experts(1, 2 * S, H, sd, true);
     s.w2 = make_packed_experts(1, H, S, sd, false);
     pack_expert(s.w13, 0, random_tensor({2 * S, H}, std::sqrt(3.f / H), 7));
@@ -182,7 +228,7 @@ std::string check_sample(const MoeConfig& cfg, const MoeLayerWeights& w, const T
   }
   // bf16: vLLM's CPU MoE bounds (the reference rounds like the kernels); f32: only
   // summation order differs.
-  const bool bf16 = dtype == DType::BF16;
+  const bool bf16 = dtype == DType::BF16 || dtype == DType::F8E4M3;  // fp8: bf16 activations
   const double atol = bf16 ? 1e-3 : 1e-5, rtol = bf16 ? 1.6e-2 : 1e-4;
   double max_abs = 0;
   int64_t bad = 0;

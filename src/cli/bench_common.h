@@ -25,13 +25,21 @@ bool is_shape(const std::string& name);
 
 // Uniform [-scale, scale) values from a seed, as f32, rounded to `dtype` and back.
 Tensor random_tensor(const Shape& shape, float scale, uint64_t seed, DType dtype = DType::F32);
-// Routed expert e: W13 [2I, H] and W2 [H, I] in f32 holding `dtype`-exact values.
+// FP8 benches: routed expert e as e4m3 codes with one f32 scale per kFp8Block^2 block
+// (DeepSeek-V3's 128 x 128): W13 [2I, H] and W2 [H, I].
+inline constexpr int64_t kFp8Block = 128;
+struct Fp8Expert {
+  Tensor w13, s13, w2, s2;
+};
+Fp8Expert fp8_expert(const MoeConfig& cfg, int64_t e);
+// Routed expert e: W13 [2I, H] and W2 [H, I] in f32 holding `dtype`-exact values (fp8:
+// the bf16 dequantised values the kernel computes with).
 std::pair<Tensor, Tensor> expert_weights(const MoeConfig& cfg, int64_t e, DType dtype);
 // "bf16,int8" -> {"bf16", "int8"}.
 std::vector<std::string> dtype_list(const std::string& s);
 // Router, shared experts and experts [begin, end) (their MoE-TP slice tp_rank of tp).
 // dtype I8: the routed experts W8A8 (quantised from the f32 weights, smooth = 1), the
-// shared experts bf16.
+// shared experts bf16. F8E4M3: routed experts from fp8_expert, shared experts bf16.
 MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, int64_t end, int tp_rank = 0,
                              int tp = 1);
 

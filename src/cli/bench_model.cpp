@@ -1,5 +1,6 @@
 // `moe-ep bench-model`: a whole generated model with the layer shapes of a public
-// MoE checkpoint (Qwen3-30B-A3B), random bf16 weights, timed end to end.
+// MoE checkpoint (Qwen3-30B-A3B), random bf16 weights (--quantize w8a8: W8A8 int8
+// routed experts), timed end to end.
 //
 // The model is the real engine (model/model.h) loaded from a temporary checkpoint that
 // holds everything but the routed experts (config.json, embedding, norms, attention,
@@ -68,6 +69,7 @@ struct BenchModelOptions {
   int64_t layers = 4;
   int64_t vocab = 32000;
   std::string dtype = "bf16";
+  std::string quantize = "none";  // "w8a8": routed experts W8A8 int8 (ModelOptions::quantize_w8a8)
   int64_t prefill = 512;
   std::vector<int64_t> decode_batch = {1, 16};
   int64_t decode_context = 128;
@@ -347,11 +349,14 @@ int run_bench_model(const BenchModelOptions& o) {
   const int R = world.size(), rank = world.rank();
   const bool root = rank == 0;
   if (R > 1)
-    check_same_on_all_ranks(world, {{"flags", fmt::format("{} {} {} {} {} {} {} {} {} {}", o.shape, o.layers, o.vocab,
-                                                          o.dtype, o.prefill, fmt::join(o.decode_batch, ","),
-                                                          o.decode_context, o.decode_steps, o.repeats,
-                                                          o.parallel.flags_string())}});
+    check_same_on_all_ranks(world, {{"flags", fmt::format("{} {} {} {} {} {} {} {} {} {} {}", o.shape, o.layers,
+                                                          o.vocab, o.dtype, o.quantize, o.prefill,
+                                                          fmt::join(o.decode_batch, ","), o.decode_context,
+                                                          o.decode_steps, o.repeats, o.parallel.flags_string())}});
   const DType dtype = parse_dtype(o.dtype);
+  const bool w8a8 = o.quantize == "w8a8";
+  // The routed experts' dtype (what bench::random_layer packs and check_sample checks).
+  const DType experts_dtype = w8a8 ? DType::I8 : dtype;
   const int64_t max_b = *std::max_element(o.decode_batch.begin(), o.decode_batch.end());
 
   // The checkpoint without the experts: rank 0 writes it; every rank loads it.
@@ -382,6 +387,7 @@ int run_bench_model(const BenchModelOptions& o) {
   MoeLayerWeights layer0;  // shares layer 0's storage, for the MoE check
   ModelOptions mo;
   mo.dtype = dtype;
+  mo.quantize_w8a8 = w8a8;
   mo.n_slots = std::max<int64_t>(max_b, 6);
   mo.max_seq = std::max<int64_t>({o.prefill, o.decode_context + o.decode_steps + 2, 16});
   mo.world = &world;
@@ -391,7 +397,8 @@ int run_bench_model(const BenchModelOptions& o) {
     const int64_t end = lo.expert_end < 0 ? mc.moe.n_experts : lo.expert_end;
     rb.e_begin = lo.expert_begin;
     rb.e_end = end;
-    MoeLayerWeights w = bench::random_layer(mc.moe, lo.compute, lo.expert_begin, end, lo.tp_rank, lo.tp_size);
+    MoeLayerWeights w = bench::random_layer(mc.moe, lo.quantize_w8a8 ? DType::I8 : lo.compute, lo.expert_begin, end,
+                                            lo.tp_rank, lo.tp_size);
     if (l == 0) layer0 = w;
     return w;
   };
@@ -406,7 +413,10 @@ int run_bench_model(const BenchModelOptions& o) {
   const double esz = static_cast<double>(dtype_size(dtype));
   rb.attn_per_layer = esz * (H * (c.n_heads + 2 * c.n_kv_heads) * hd + c.n_heads * hd * H) / tp + 4.0 * (2 * H + 2 * hd);
   rb.gate_per_layer = 4.0 * c.moe.n_experts * H;
-  rb.expert_bytes = esz * 3.0 * c.moe.moe_intermediate_size / tp * H;
+  const double Il = static_cast<double>(c.moe.moe_intermediate_size / tp);
+  // W8A8: 1-byte weights plus an f32 scale and an i32 compensation per output column
+  // (2 Il of W13, H of W2; kernels/grouped_gemm.h).
+  rb.expert_bytes = w8a8 ? 3.0 * Il * H + 8.0 * (2 * Il + H) : esz * 3.0 * Il * H;
   rb.kv_per_pos_layer = 4.0 * 2 * c.n_kv_heads / tp * hd;
   rb.head = esz * c.vocab_size * H + 4.0 * H;
   rb.embed_row = esz * H;
@@ -419,8 +429,8 @@ int run_bench_model(const BenchModelOptions& o) {
         "[{}, {}))\n",
         o.shape, c.n_layers, H, c.n_heads, c.n_kv_heads, hd, c.moe.n_experts, c.moe.top_k,
         c.moe.moe_intermediate_size, c.vocab_size, c.vocab_size == shape->vocab ? "" : fmt::format(" (the checkpoint's: {})", shape->vocab),
-        o.dtype, R, to_string(o.parallel.par), o.parallel.moe_comm, threads, cpu_summary(), build_s, rb.e_begin,
-        rb.e_end);
+        w8a8 ? o.dtype + " (routed experts w8a8)" : o.dtype, R, to_string(o.parallel.par), o.parallel.moe_comm,
+        threads, cpu_summary(), build_s, rb.e_begin, rb.e_end);
 
   // ---- checks ----
   bool all_ok = true;
@@ -437,7 +447,7 @@ int run_bench_model(const BenchModelOptions& o) {
       y = probe.forward_replicated(x);
     }
     bool ok = false;
-    moe_check = bench::check_sample(c.moe, layer0, x, y, dtype, &ok);
+    moe_check = bench::check_sample(c.moe, layer0, x, y, experts_dtype, &ok);
     const MoeComm comm = o.parallel.ep_options().comm;
     const bool exact = R == 1 || comm == MoeComm::AllToAll || comm == MoeComm::AllToAllLL || comm == MoeComm::Auto;
     bool ok2 = false;
@@ -469,6 +479,7 @@ int run_bench_model(const BenchModelOptions& o) {
   rec["layers"] = c.n_layers;
   rec["vocab"] = c.vocab_size;
   rec["dtype"] = o.dtype;
+  rec["quantize"] = o.quantize;
   rec["ranks"] = R;
   rec["parallel"] = to_string(o.parallel.par);
   rec["moe_comm"] = o.parallel.moe_comm;
@@ -559,6 +570,12 @@ Verb add_bench_model_verb(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "Weight dtype: bf16 or f32")
       ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--quantize", o->quantize,
+                  "w8a8: the routed experts are W8A8 int8 (weights quantised per output channel from the same random "
+                  "f32 weights, per-token dynamic activation scales; the layer check then bounds the cosine vs f32 "
+                  "by 0.99); the router stays f32, attention and lm_head stay in --dtype")
+      ->check(CLI::IsMember({"none", "w8a8"}))
       ->capture_default_str();
   cmd->add_option("--prefill", o->prefill, "Prompt length of the prefill measurement")->capture_default_str();
   cmd->add_option("--decode-batch", o->decode_batch, "Batch sizes of the decode measurements (e.g. 1,16)")

@@ -1,7 +1,10 @@
 // `moe-ep inspect`: what a checkpoint holds, whether it is complete, and what each
-// rank of an --ep/--tp layout reads. One process computes the plan for every rank;
-// --load then really loads each MLP layer's share (rank 0, or every rank in turn)
-// and reports the time and GB/s next to the bytes the plan predicted.
+// rank of an --ep/--tp layout reads. Completeness and the plan come from the model's
+// own list of reads (model/weights.h for embeddings, norms, lm_head and attention;
+// loader/moe_weights.h for the MLP blocks), so every tensor the model would read is
+// checked and every other one is unexpected. One process computes the plan for every
+// rank; --load then really loads a rank's share (rank 0, or every rank in turn) and
+// reports the time and GB/s next to the bytes the plan predicted.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -17,8 +20,9 @@
 #include "loader/moe_weights.h"
 #include "loader/progress.h"
 #include "loader/shard.h"
+#include "model/registry.h"
+#include "model/weights.h"
 #include "moe/config.h"
-#include "moe/placement.h"
 
 namespace moe {
 
@@ -48,9 +52,9 @@ struct LoadResult {
   double seconds = 0;
 };
 
-// Loads rank `p`'s share of every MLP layer (and copies every other non-expert
-// tensor once, as the model would), on a fresh Checkpoint so bytes are per rank.
-LoadResult load_rank(const InspectOptions& o, const MoeConfig& cfg, const RankPlan& p, DType compute) {
+// Loads rank `p`'s share (loader/inventory.h load_share) on a fresh Checkpoint, so
+// the bytes counted are this rank's alone.
+LoadResult load_rank(const InspectOptions& o, const ModelConfig& c, const RankPlan& p, DType compute) {
   const auto t0 = std::chrono::steady_clock::now();
   Checkpoint ck = Checkpoint::open(o.model_dir);
   Progress progress(fmt::format("moe-ep inspect: loading rank {}", p.rank), p.non_expert_bytes + p.expert_bytes);
@@ -63,40 +67,7 @@ LoadResult load_rank(const InspectOptions& o, const MoeConfig& cfg, const RankPl
   opt.strict = o.strict;
   opt.warn = [](const std::string&) {};  // reported once by the check above
   opt.progress = &progress;
-  std::vector<std::string> mlp_keys_read;
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    if (o.no_pack) {
-      // The I/O path alone: each tensor's slice through its rule, copied into memory.
-      const auto reads = mlp_layer_reads(ck, cfg, l, opt);
-      for (const LayerRead& r : reads) prefetch_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size);
-      for (const LayerRead& r : reads) {
-        const Tensor t = load_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size).clone();
-        mlp_keys_read.push_back(r.key);
-        progress.advance(t.nbytes());
-      }
-      continue;
-    }
-    if (cfg.is_moe_layer(l)) {
-      MoeLayerWeights w = load_moe_layer(ck, cfg, l, opt);
-      (void)w;
-    } else {
-      GatedMlpWeights w = load_dense_mlp(ck, cfg, l, opt);
-      (void)w;
-    }
-    for (const LayerRead& r : mlp_layer_reads(ck, cfg, l, opt)) {
-      mlp_keys_read.push_back(r.key);
-      if (r.role != LayerRead::ExpertGate && r.role != LayerRead::ExpertUp && r.role != LayerRead::ExpertDown &&
-          r.role != LayerRead::FusedGateUp && r.role != LayerRead::FusedDown)
-        progress.advance(ck.info(r.key).nbytes);
-    }
-  }
-  std::sort(mlp_keys_read.begin(), mlp_keys_read.end());
-  for (const std::string& k : ck.keys()) {
-    if (classify_tensor(k) == TensorKind::Experts) continue;  // only the rank's own, above
-    if (std::binary_search(mlp_keys_read.begin(), mlp_keys_read.end(), k)) continue;
-    const Tensor t = ck.view(k).clone();
-    progress.advance(t.nbytes());
-  }
+  load_share(ck, c.moe, model_reads(c, p.tp_rank, o.tp), opt, !o.no_pack);
   progress.finish();
   LoadResult r;
   r.rank = p.rank;
@@ -108,12 +79,13 @@ LoadResult load_rank(const InspectOptions& o, const MoeConfig& cfg, const RankPl
 
 int run_inspect(const InspectOptions& o) {
   Checkpoint ck = Checkpoint::open(o.model_dir);
-  MoeConfig cfg;
+  ModelConfig c;
   try {
-    cfg = MoeConfig::from_hf(ck.config());
+    c = model_config_from_hf(ck.config());
   } catch (const Error& e) {
     throw Error(fmt::format("{} (in {}/config.json)", e.what(), o.model_dir));
   }
+  const MoeConfig& cfg = c.moe;
   const DType compute = parse_dtype(o.dtype);
   const Inventory inv = take_inventory(ck);
   // Every layer holds at least one tensor: a config claiming more is wrong (and the
@@ -121,12 +93,14 @@ int run_inspect(const InspectOptions& o) {
   MOE_CHECK(static_cast<uint64_t>(cfg.n_layers) <= static_cast<uint64_t>(inv.n_tensors),
             "{}/config.json: num_hidden_layers={} but the checkpoint holds only {} tensors", o.model_dir,
             cfg.n_layers, inv.n_tensors);
-  const std::vector<TensorProblem> problems = check_checkpoint(ck, cfg);
+  const std::vector<TensorProblem> problems = check_checkpoint(ck, cfg, model_reads(c, 0, 1));
   size_t n_errors = 0, n_unexpected = 0;
   for (const auto& p : problems) (p.kind == TensorProblem::Unexpected ? n_unexpected : n_errors)++;
   // The plan enumerates experts: only once the routers have proved E against the file.
   const std::vector<RankPlan> plans =
-      n_errors == 0 ? read_plan(ck, cfg, inv, o.ep, o.tp, compute) : std::vector<RankPlan>{};
+      n_errors == 0 ? read_plan(ck, cfg, inv, o.ep, o.tp, compute,
+                                [&](int tp_rank, int tp) { return model_reads(c, tp_rank, tp); })
+                    : std::vector<RankPlan>{};
 
   int64_t n_moe = 0;
   std::string moe_layers;
@@ -136,7 +110,8 @@ int run_inspect(const InspectOptions& o) {
       if (moe_layers.size() < 60) moe_layers += (moe_layers.empty() ? "" : ",") + std::to_string(l);
     }
   fmt::print("moe-ep inspect: {}\n", o.model_dir);
-  fmt::print("  model:   {}\n", cfg.summary());
+  fmt::print("  model:   {}\n", c.summary());
+  fmt::print("  experts: {}\n", cfg.summary());
   fmt::print("  layers:  {} ({} MoE: {}{}; {} dense)\n", cfg.n_layers, n_moe, moe_layers,
              moe_layers.size() >= 60 ? ",..." : "", cfg.n_layers - n_moe);
   fmt::print("  files:   {} file{}, {} ({} of headers), {} tensors, {} of tensor data\n", inv.n_files,
@@ -146,8 +121,8 @@ int run_inspect(const InspectOptions& o) {
   for (const auto& [kind, t] : inv.kinds)
     fmt::print("    {:<16} {:>8} {:>14} {:>6.1f}%\n", tensor_kind_name(kind), t.count, gb(t.bytes),
                inv.tensor_bytes ? 100.0 * t.bytes / inv.tensor_bytes : 0.0);
-  fmt::print("  read plan for --ep {} --tp {} ({} rank{}; non-expert tensors replicated, experts at --dtype {} in "
-             "memory):\n",
+  fmt::print("  read plan for --ep {} --tp {} ({} rank{}; attention heads and each expert's I split over --tp, the "
+             "other non-expert tensors replicated; experts at --dtype {} in memory):\n",
              o.ep, o.tp, plans.size(), plans.size() == 1 ? "" : "s", dtype_name(compute));
   fmt::print("    {:>4} {:>3} {:>3} {:>12} {:>12} {:>12} {:>12} {:>7} {:>14}\n", "rank", "ep", "tp", "experts",
              "non-expert", "experts", "read", "of file", "expert memory");
@@ -163,7 +138,8 @@ int run_inspect(const InspectOptions& o) {
 
   if (plans.empty()) fmt::print("    (not computed: the checkpoint has missing or mis-shaped tensors)\n");
   if (problems.empty()) {
-    fmt::print("  problems: none (every MLP tensor present with the expected shape; nothing unexpected)\n");
+    fmt::print("  problems: none (every tensor the model reads present with the expected shape and dtype; nothing "
+               "unexpected)\n");
   } else {
     fmt::print("  problems: {} missing/mis-shaped, {} unexpected{}\n", n_errors, n_unexpected,
                n_unexpected && !o.strict ? " (warnings; --strict makes them errors)" : "");
@@ -176,7 +152,7 @@ int run_inspect(const InspectOptions& o) {
   const bool ok = n_errors == 0 && (n_unexpected == 0 || !o.strict);
   if (o.load && ok) {
     for (size_t i = 0; i < (o.all_ranks ? plans.size() : 1); ++i) {
-      loads.push_back(load_rank(o, cfg, plans[i], compute));
+      loads.push_back(load_rank(o, c, plans[i], compute));
       const LoadResult& r = loads.back();
       fmt::print("  load rank {}{}: read {} (plan {}) in {:.3f} s: {:.2f} GB/s\n", r.rank,
                  o.no_pack ? " (no packing)" : "", gb(r.bytes_touched),
@@ -187,9 +163,11 @@ int run_inspect(const InspectOptions& o) {
   if (!o.json_path.empty()) {
     nlohmann::ordered_json j;
     j["model_dir"] = o.model_dir;
-    j["model_type"] = cfg.model_type;
-    j["summary"] = cfg.summary();
+    j["model_type"] = c.model_type;
+    j["summary"] = c.summary();
     j["hyperparameters"] = {{"hidden_size", cfg.hidden_size},         {"num_layers", cfg.n_layers},
+                            {"vocab_size", c.vocab_size},            {"attention_heads", c.n_heads},
+                            {"kv_heads", c.n_kv_heads},               {"head_dim", c.head_dim},
                             {"n_experts", cfg.n_experts},             {"top_k", cfg.top_k},
                             {"moe_intermediate_size", cfg.moe_intermediate_size},
                             {"shared_intermediate_size", cfg.shared_intermediate_size},
@@ -247,13 +225,15 @@ std::vector<Verb> add_inspect_verbs(CLI::App& app) {
   c->add_option("--ep", o->ep, "Expert-parallel size to plan for (no mpirun needed)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  c->add_option("--tp", o->tp, "MoE tensor-parallel size to plan for (splits each expert's I)")
+  c->add_option("--tp", o->tp,
+                "Tensor-parallel size to plan for (splits the attention heads and each expert's I, as the model "
+                "verbs' --tp does)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  c->add_flag("--strict", o->strict, "Unexpected tensors (keys the family's name map does not use) are errors");
+  c->add_flag("--strict", o->strict, "Unexpected tensors (keys the model does not read) are errors");
   c->add_flag("--load", o->load,
-              "Also load rank 0's share of every MLP layer (and copy the other non-expert tensors) and report the "
-              "time and GB/s");
+              "Also load rank 0's share of every weight as the model does and report the bytes read against the "
+              "plan, the time and GB/s");
   c->add_flag("--all-ranks", o->all_ranks, "With --load: load every rank's share in turn");
   c->add_flag("--no-pack", o->no_pack,
               "With --load: read and copy each tensor's slice into memory but skip packing the experts into the "

@@ -27,10 +27,15 @@ namespace moe {
 namespace {
 
 struct CommonOpts {
-  std::string model_dir, prompt_ids, dtype = "f32";
+  std::string model_dir, prompt_ids, dtype = "f32", quantize = "none";
   int64_t max_seq_len = 0;
   ParallelOptions parallel;
 };
+
+// "bf16" or "bf16 (routed experts w8a8)", for the summaries.
+std::string weights_desc(const CommonOpts& o) {
+  return o.quantize == "none" ? o.dtype : fmt::format("{} (routed experts {})", o.dtype, o.quantize);
+}
 
 void add_common(CLI::App* cmd, CommonOpts& o) {
   cmd->add_option("--model", o.model_dir, "Model directory: config.json and *.safetensors (Hugging Face layout)")
@@ -43,6 +48,15 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
   cmd->add_option("--dtype", o.dtype,
                   "Weight dtype: f32, or bf16 (bf16 weights and GEMM inputs, f32 activations and accumulation)")
       ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--quantize", o.quantize,
+                  "Quantise the routed experts at load: w8a8 = SmoothQuant int8 weights (per-output-channel scales "
+                  "absmax/127, smooth = 1) and per-token dynamic int8 activations; the router stays f32, and the "
+                  "shared experts, dense MLP layers, attention and lm_head stay in --dtype. With --moe-comm alltoall "
+                  "or alltoall-ll the tokens travel as int8 rows and the logits equal the one-rank W8A8 logits bit for "
+                  "bit; under --tp each rank quantises its slice of the intermediate dimension (W2 scales and GEMM2 "
+                  "activation scales over that slice), so the logits are close to, not equal to, one rank's")
+      ->check(CLI::IsMember({"none", "w8a8"}))
       ->capture_default_str();
   cmd->add_option("--max-seq-len", o.max_seq_len,
                   "Positions per sequence in the KV cache, allocated up front (default: the longest prompt plus "
@@ -64,14 +78,16 @@ Loaded load(const CommonOpts& o, int64_t max_new, bool count_experts, const std:
   L.world = &parallel_world(o.parallel);
   L.prompts = parse_prompt_ids(o.prompt_ids);
   if (L.world->size() > 1)
-    check_same_on_all_ranks(*L.world, {{"flags", fmt::format("--model {} --dtype {} --max-seq-len {} {} {}",
-                                                             o.model_dir, o.dtype, o.max_seq_len,
-                                                             o.parallel.flags_string(), extra_flags)},
+    check_same_on_all_ranks(*L.world,
+                            {{"flags", fmt::format("--model {} --dtype {} --quantize {} --max-seq-len {} {} {}",
+                                                   o.model_dir, o.dtype, o.quantize, o.max_seq_len,
+                                                   o.parallel.flags_string(), extra_flags)},
                                        {"prompts", o.prompt_ids}});
   int64_t longest = 0;
   for (const auto& p : L.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
   ModelOptions mo;
   mo.dtype = parse_dtype(o.dtype);
+  mo.quantize_w8a8 = o.quantize == "w8a8";
   mo.max_seq = o.max_seq_len > 0 ? o.max_seq_len : std::max<int64_t>(1, longest + max_new);
   mo.n_slots = static_cast<int64_t>((L.prompts.size() + o.parallel.par.dp - 1) / o.parallel.par.dp);
   mo.world = L.world;
@@ -117,7 +133,7 @@ int run_forward(const CommonOpts& o, const std::string& out_path, bool quiet) {
     if (!quiet)
       fmt::print("moe-ep forward: {} ({}), {} prompts, dtype {}, {} rank(s) ({}): loaded in {:.3f} s, ran in {:.3f} ms; "
                  "wrote {} logits {}\n",
-                 L.model->config().model_type, L.model->config().summary(), L.prompts.size(), o.dtype,
+                 L.model->config().model_type, L.model->config().summary(), L.prompts.size(), weights_desc(o),
                  L.world->size(), to_string(o.parallel.par), L.load_s, run_s * 1e3, out_path,
                  shape_str(logits.shape()));
   }
@@ -157,7 +173,7 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
     fmt::print(
         "moe-ep generate: {} dtype {}, {} rank(s) ({}), {} prompts: prefill {} tokens in {:.2f} ms ({:.1f} tokens/s), "
         "decode {} tokens in {} steps, {:.2f} ms ({:.1f} tokens/s); expert load {}; loaded in {:.3f} s; threads {}\n",
-        L.model->config().model_type, o.dtype, L.world->size(), to_string(o.parallel.par), L.prompts.size(),
+        L.model->config().model_type, weights_desc(o), L.world->size(), to_string(o.parallel.par), L.prompts.size(),
         r.prefill_tokens, r.prefill_s * 1e3, pre_tps, r.decode_tokens, r.decode_steps, r.decode_s * 1e3, dec_tps,
         spread_s, L.load_s, num_threads());
   }
@@ -165,6 +181,7 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
     nlohmann::json j;
     j["model_type"] = L.model->config().model_type;
     j["dtype"] = o.dtype;
+    j["quantize"] = o.quantize;
     j["ranks"] = L.world->size();
     j["parallel"] = to_string(o.parallel.par);
     j["prompts"] = L.prompts;

@@ -45,9 +45,10 @@ DType parse_dtype(std::string_view s) {
   if (s == "bf16" || s == "bfloat16") return DType::BF16;
   if (s == "f16" || s == "float16" || s == "fp16") return DType::F16;
   if (s == "i8" || s == "int8") return DType::I8;
+  if (s == "fp8" || s == "f8e4m3" || s == "float8_e4m3fn") return DType::F8E4M3;
   if (s == "i32" || s == "int32") return DType::I32;
   if (s == "i64" || s == "int64") return DType::I64;
-  MOE_FAIL("unknown dtype '{}': expected one of f32, bf16, f16, int8, int32, int64", s);
+  MOE_FAIL("unknown dtype '{}': expected one of f32, bf16, f16, int8, fp8, int32, int64", s);
 }
 
 float f16_to_f32(uint16_t h) {

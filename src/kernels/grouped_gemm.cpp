@@ -1,6 +1,7 @@
-// Grouped GEMM: packing, the scalar reference, task building and ISA dispatch, and the
-// portable kernel. The AVX-512 kernels live in grouped_gemm_avx512.cpp, the AVX2 build of
-// the portable kernel in grouped_gemm_avx2.cpp. Layout: see grouped_gemm_impl.h.
+// Grouped GEMM: allocation of the packed weights, the scalar reference, task building and
+// ISA dispatch, and the portable kernel. Packing itself (pack_expert, unpack_expert) is in
+// pack.cpp, the AVX-512 kernels in grouped_gemm_avx512.cpp, the AVX2 build of the portable
+// kernel in grouped_gemm_avx2.cpp. Layout: see grouped_gemm_impl.h.
 #include "kernels/grouped_gemm.h"
 
 #include <omp.h>
@@ -46,62 +47,11 @@ PackedExperts make_packed_experts(int64_t n_experts, int64_t n, int64_t k, DType
   p.k = k;
   p.gated = gated;
   p.expert_stride = gg::n_panels(n, gated) * gg::panel_elems(k, dtype);
-  p.data = Tensor::empty({n_experts * p.expert_stride}, dtype);
-  advise_huge_pages(p.data.raw(), p.data.nbytes());
-  // Zeroed (after the advice, so the first touch faults in huge pages) so the padding
-  // columns and the padding k of an odd K read as 0.
-  std::memset(p.data.raw(), 0, p.data.nbytes());
+  // Zeroed, so the padding columns and the padding k of an odd K read as 0 (the i8
+  // packer writes only real columns) and an expert never packed reads as zeros.
+  p.data = zeroed_huge_pages({n_experts * p.expert_stride}, dtype);
   if (dtype == DType::I8) gg::alloc_q8(p);
   return p;
-}
-
-using gg::panel_col_to_row;
-
-void pack_expert(PackedExperts& p, int64_t e, const Tensor& w) {
-  MOE_CHECK(0 <= e && e < p.n_experts, "pack_expert: expert {} out of range [0, {})", e, p.n_experts);
-  MOE_CHECK(w.ndim() == 2 && w.dim(0) == p.n && w.dim(1) == p.k, "pack_expert: expected weight [{}, {}], got {}",
-            p.n, p.k, w.describe());
-  if (p.dtype == DType::I8) return gg::pack_expert_i8(p, e, w);
-  const Tensor wf = w.dtype() == DType::F32 && w.is_contiguous() ? w : w.to(DType::F32);
-  const float* src = wf.data<float>();
-  const int64_t np = gg::n_panels(p.n, p.gated), pe = gg::panel_elems(p.k, p.dtype), K = p.k;
-  for (int64_t P = 0; P < np; ++P) {
-    for (int j = 0; j < kPanel; ++j) {
-      const int64_t row = panel_col_to_row(p, P, j);
-      if (row < 0) continue;
-      const float* wr = src + row * K;
-      if (p.dtype == DType::F32) {
-        float* dst = p.data.data<float>() + e * p.expert_stride + P * pe;
-        for (int64_t k = 0; k < K; ++k) dst[k * kPanel + j] = wr[k];
-      } else {
-        uint16_t* dst = p.data.data<uint16_t>() + e * p.expert_stride + P * pe;
-        for (int64_t k = 0; k < K; ++k) dst[((k / 2) * kPanel + j) * 2 + (k & 1)] = f32_to_bf16(wr[k]);
-      }
-    }
-  }
-}
-
-Tensor unpack_expert(const PackedExperts& p, int64_t e) {
-  MOE_CHECK(0 <= e && e < p.n_experts, "unpack_expert: expert {} out of range [0, {})", e, p.n_experts);
-  if (p.dtype == DType::I8) return gg::unpack_expert_i8(p, e);
-  Tensor out = Tensor::zeros({p.n, p.k}, DType::F32);
-  float* dst = out.data<float>();
-  const int64_t np = gg::n_panels(p.n, p.gated), pe = gg::panel_elems(p.k, p.dtype), K = p.k;
-  for (int64_t P = 0; P < np; ++P) {
-    for (int j = 0; j < kPanel; ++j) {
-      const int64_t row = panel_col_to_row(p, P, j);
-      if (row < 0) continue;
-      float* wr = dst + row * K;
-      if (p.dtype == DType::F32) {
-        const float* s = p.data.data<float>() + e * p.expert_stride + P * pe;
-        for (int64_t k = 0; k < K; ++k) wr[k] = s[k * kPanel + j];
-      } else {
-        const uint16_t* s = p.data.data<uint16_t>() + e * p.expert_stride + P * pe;
-        for (int64_t k = 0; k < K; ++k) wr[k] = bf16_to_f32(s[((k / 2) * kPanel + j) * 2 + (k & 1)]);
-      }
-    }
-  }
-  return out;
 }
 
 float act_gate(Activation act, float gate) { return gg::ActMath<gg::ScalarOps>::gate(act, gate); }
@@ -119,8 +69,8 @@ namespace {
 void check_params(const GroupedGemmParams& p) {
   MOE_CHECK(p.w != nullptr, "grouped_gemm: no weights");
   const PackedExperts& w = *p.w;
-  MOE_CHECK(w.dtype == DType::F32 || w.dtype == DType::BF16 || w.dtype == DType::I8,
-            "grouped_gemm: weights must be f32, bf16 or i8");
+  MOE_CHECK(w.dtype == DType::F32 || w.dtype == DType::BF16 || w.dtype == DType::I8 || w.dtype == DType::F8E4M3,
+            "grouped_gemm: weights must be f32, bf16, i8 or f8e4m3");
   MOE_CHECK(p.c_dtype == DType::F32 || p.c_dtype == DType::BF16 ||
                 (p.c_dtype == DType::I32 && w.dtype == DType::I8 && p.act == Activation::None),
             "grouped_gemm: c_dtype must be f32 or bf16 (i32: raw accumulators of i8 weights without activation), "
@@ -147,12 +97,18 @@ gg::Job make_job(const GroupedGemmParams& p) {
   j.w = static_cast<const char*>(w.data.raw());
   j.expert_stride = w.expert_stride * es;
   j.panel_stride = gg::panel_elems(w.k, w.dtype) * es;
+  if (w.dtype == DType::F8E4M3) {
+    j.f8_scale = w.w_scale.data<float>();
+    j.f8_n_kb = w.k / w.block_k;
+    j.f8_kb_pairs = w.block_k / 2;
+    j.f8_scale_stride = gg::n_panels(w.n, w.gated) * j.f8_n_kb * 2 * kPanel;
+  }
   j.k = w.k;
   j.n_out = w.n_out();
   j.gated = w.gated;
   j.act = p.act;
   j.a = static_cast<const char*>(p.a);
-  j.lda_bytes = p.lda * es;
+  j.lda_bytes = p.lda * dtype_size(w.act_dtype());
   j.offsets = p.offsets;
   j.c = static_cast<char*>(p.c);
   j.ldc_bytes = p.ldc * dtype_size(p.c_dtype);
@@ -170,6 +126,7 @@ using Runner = void (*)(const gg::Job&, const gg::Task&);
 
 Runner pick_runner(DType wt) {
   const Isa isa = active_isa();
+  if (wt == DType::F8E4M3) return gg::run_task_f8;
   if (wt == DType::I8)
     return isa >= Isa::Avx512 && cpu_features().avx512_vnni ? gg::run_task_avx512_vnni_i8 : gg::run_task_portable_i8;
   if (wt == DType::BF16) {
@@ -252,8 +209,8 @@ void grouped_gemm_reference(const GroupedGemmParams& p) {
     const Tensor we = unpack_expert(w, e);
     const float* W = we.data<float>();
     for (int64_t r = r0; r < r1; ++r) {
-      const char* a = static_cast<const char*>(p.a) + r * p.lda * dtype_size(w.dtype);
-      convert_to_f32(a, w.dtype, arow.data(), K);
+      const char* a = static_cast<const char*>(p.a) + r * p.lda * dtype_size(w.act_dtype());
+      convert_to_f32(a, w.act_dtype(), arow.data(), K);
       for (int64_t n = 0; n < N; ++n) {
         float s = 0.0f;
         for (int64_t k = 0; k < K; ++k) s += arow[k] * W[n * K + k];

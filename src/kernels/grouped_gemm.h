@@ -5,7 +5,7 @@
 //   GEMM2: [rows, I] x W2[e]^T -> [rows, H].
 //
 // Weights are packed once at load (pack_expert) into the layout the kernels read;
-// the packed layout is private to grouped_gemm*.cpp. Empty experts cost nothing:
+// the packed layout is private to grouped_gemm*.cpp and pack*.cpp. Empty experts cost nothing:
 // work is split into (expert x output-block) tasks over the non-empty experts only.
 // Two kernels: few rows per expert (decode, bandwidth-bound: stream each weight
 // byte once) and many rows (prefill, compute-bound: register-blocked microkernel).
@@ -13,6 +13,11 @@
 // W8A8 (dtype I8, SmoothQuant): int8 weights with one f32 scale per output channel,
 // activations as Q8 rows (kernels/quant.h: int8[K], zero pad to 4, f32 scale), int32
 // accumulation on vpdpbusd, dequantised in the epilogue: acc * a_scale[row] * w_scale[col].
+//
+// FP8 (dtype F8E4M3, weight-only, DeepSeek-V3 block scales): e4m3 weights stay 1 byte
+// in memory; each task dequantises one panel at a time to bf16 (value * block scale,
+// rounded to nearest even, exactly as dequantize_fp8_blocks) into a per-thread buffer
+// that stays in L2, and runs the bf16 kernel on it. Activations are bf16.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +38,7 @@ enum class Activation : uint8_t {
 // For gated weights (W13) the logical matrix is concat(gate [n/2, k], up [n/2, k])
 // and the output of the GEMM with the activation is [rows, n/2].
 struct PackedExperts {
-  DType dtype = DType::F32;  // F32, BF16 or I8 (W8A8): the dtype the kernels read
+  DType dtype = DType::F32;  // F32, BF16, I8 (W8A8) or F8E4M3 (weight-only): the stored dtype
   int64_t n_experts = 0;
   int64_t n = 0;  // output features per expert (2I for W13)
   int64_t k = 0;  // input features (reduction dim)
@@ -47,8 +52,19 @@ struct PackedExperts {
   // divided by it before quantisation (undefined: all ones). Set before pack_expert,
   // which then folds it into the float weights it quantises (w[n, k] * smooth[k]).
   Tensor smooth;
+  // I8 only: static activation scale of each expert's input, f32 [E]: a calibrated
+  // per-tensor step s (x ~= q * s, kernels/quant.h quantize_row_q8_static) used instead
+  // of each row's absmax. Undefined: dynamic per-token scales (the default).
+  Tensor act_scale;
+  // F8E4M3 only: k values per scale block (even, divides k). The block scales live in
+  // w_scale, f32 [E, n_panels * (k / block_k) * 128]: per panel and k block, the scale
+  // of each of the 64 packed columns written twice (the k pair of a VNNI element), so
+  // byte i of a panel's k-pair row is scaled by entry i: one vector load per 16 values.
+  int64_t block_k = 0;
 
   int64_t n_out() const { return gated ? n / 2 : n; }
+  // The dtype of activation rows for these weights: bf16 for FP8 (weight-only), else dtype.
+  DType act_dtype() const { return dtype == DType::F8E4M3 ? DType::BF16 : dtype; }
   size_t bytes_per_expert() const { return static_cast<size_t>(expert_stride) * dtype_size(dtype); }
 };
 
@@ -59,24 +75,46 @@ PackedExperts make_packed_experts(int64_t n_experts, int64_t n, int64_t k, DType
 // by the expert's smooth vector (if set), then quantises per output channel (symmetric,
 // scale = absmax / 127, q = nearbyint(w * (127 / absmax)), see kernels/quant.h).
 void pack_expert(PackedExperts& p, int64_t e, const Tensor& w);
+// Gated (W13) weights from the separate gate [n/2, k] and up [n/2, k] projections (same
+// float dtype; any row stride, e.g. zero-copy views of a checkpoint): the same result as
+// pack_expert of their stacked rows, without building the stacked copy.
+void pack_expert_gated(PackedExperts& p, int64_t e, const Tensor& gate, const Tensor& up);
 // I8: packs an already quantised expert: q int8 [n, k] and its per-output-channel scales
 // (f32/bf16/f16 [n] or [n, 1]), e.g. a SmoothQuant checkpoint's qweight + per_channel_scale.
 void pack_expert_q8(PackedExperts& p, int64_t e, const Tensor& q, const Tensor& scale);
 // I8: sets the smooth vector of expert e (f32/bf16 [k], every value > 0 and finite).
 void set_expert_smooth(PackedExperts& p, int64_t e, const Tensor& smooth);
+// I8: sets the static activation scale of expert e (finite, > 0). Once one expert has
+// one, every expert must (MoeLayer checks).
+void set_expert_act_scale(PackedExperts& p, int64_t e, float s);
+// FP8: allocates n_experts [n, k] e4m3 matrices whose scale blocks are block_k wide in k
+// (block_k even and dividing k; the block height is given per expert to pack_expert_fp8).
+PackedExperts make_packed_experts_fp8(int64_t n_experts, int64_t n, int64_t k, bool gated, int64_t block_k);
+// FP8: packs expert e from w, F8E4M3 [n, k] (gated: gate rows then up rows), and its block
+// scales scale_inv, f32/bf16 [n / block_n, k / block_k] (w[i, j] means
+// e4m3(w[i, j]) * scale_inv[i / block_n, j / block_k], DeepSeek-V3's weight_scale_inv).
+// Errors: block shape not dividing w, scale shape, NaN codes, scales that are not finite or
+// so small that a product would leave bf16's normal range (the kernel flushes those).
+void pack_expert_fp8(PackedExperts& p, int64_t e, const Tensor& w, const Tensor& scale_inv, int64_t block_n);
 // Asks the kernel for transparent huge pages on [data, data+bytes) (whole 2 MiB pages
 // inside it; no-op where unsupported). Call before first touch. Streaming GB of expert
 // weights through 4 KiB pages costs ~15% of read bandwidth on Zen4 (TLB walks, and the
 // hardware prefetchers stop at every 4 KiB boundary); make_packed_experts does this.
 void advise_huge_pages(void* data, size_t bytes);
-// Unpacks expert e back to an f32 [n, k] tensor (tests and debugging; I8: q * scale).
+// A contiguous zero-filled tensor. From 2 MiB up it is a private anonymous mapping on a
+// 2 MiB boundary with huge pages advised: the kernel hands out its pages already zeroed,
+// so no pass of ours writes the zeros, and each page is faulted in by whoever first
+// writes it (the packers, on every thread) instead of by one memset. Smaller: zeros().
+Tensor zeroed_huge_pages(const Shape& shape, DType dtype);
+// Unpacks expert e back to an f32 [n, k] tensor (tests and debugging; I8: q * scale;
+// F8E4M3: the bf16 values the kernel computes with).
 Tensor unpack_expert(const PackedExperts& p, int64_t e);
 // I8: expert e's int8 weights [n, k] and per-channel scales [n] f32 (tests, reference).
 void unpack_expert_q8(const PackedExperts& p, int64_t e, Tensor& q, Tensor& scale);
 
 struct GroupedGemmParams {
   const PackedExperts* w = nullptr;
-  const void* a = nullptr;          // [rows, k], dtype == w->dtype, rows grouped by expert
+  const void* a = nullptr;          // [rows, k], dtype == w->act_dtype(), rows grouped by expert
                                     // (I8: Q8 rows, kernels/quant.h, quantised with the
                                     // expert's smooth vector)
   int64_t lda = 0;                  // elements between rows of a (I8: bytes, >= q8_row_bytes(k))

@@ -13,6 +13,8 @@
 //   from L2 (1 MiB on Zen4) by the next ones, so the loop is bound by vdpbf16ps issue.
 // Epilogue: the gated activation act(gate) * up on the f32 accumulators (gate columns in
 // zmm 0-1, up in zmm 2-3), masked stores for the tail panel, RNE rounding to bf16.
+// FP8 weights (run_task_f8_avx512bf16): the same microkernel on panels dequantised to
+// bf16 by grouped_gemm_fp8_avx512.cpp, whole panels for prefill, L1-sized chunks for decode.
 
 // GCC 12 reports its own _mm512_undefined_*() self-initialisation inside the intrinsic
 // headers as maybe-uninitialized (a known false positive).
@@ -144,34 +146,59 @@ void block(const Job& j, const char* panel, const char* a0, int64_t S, bool firs
   epilogue<MR>(j, acc, c0, col0, nv);
 }
 
+// All rows of the task's expert x panel P (at `panel`).
 template <Kind KD>
-void run_task(const Job& j, const Task& t) {
+void run_panel(const Job& j, int64_t expert, int64_t P, const char* panel) {
   constexpr int kMR = kMaxRows<KD>;
-  const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0;
+  const int64_t r0 = j.offsets[expert], rows = j.offsets[expert + 1] - r0;
   const int64_t per = j.gated ? kGateCols : kPanel;
   const int64_t S = KD == Kind::F32 ? j.k : (j.k + 1) / 2;  // k steps (256 B of panel each)
   const int64_t nb = (rows + kMR - 1) / kMR;                  // row blocks of near-equal size <= kMR
-  for (int64_t P = t.p0; P < t.p1; ++P) {
-    const char* panel = j.w + t.expert * j.expert_stride + P * j.panel_stride;
-    const int nv = valid_cols(j, P);
-    const int64_t c0 = P * per;
-    int64_t row = r0;
-    for (int64_t b = 0; b < nb; ++b) {
-      const int mr = static_cast<int>(rows / nb + (b < rows % nb ? 1 : 0));
-      const char* a = j.a + row * j.lda_bytes;
-      char* c = j.c + row * j.ldc_bytes;
-      const bool first = b == 0;
-      switch (mr) {
-        case 1: block<KD, 1>(j, panel, a, S, first, c, c0, nv); break;
-        case 2: block<KD, 2>(j, panel, a, S, first, c, c0, nv); break;
-        case 3: block<KD, 3>(j, panel, a, S, first, c, c0, nv); break;
-        case 4: block<KD, 4>(j, panel, a, S, first, c, c0, nv); break;
-        case 5: if constexpr (kMR >= 5) block<KD, 5>(j, panel, a, S, first, c, c0, nv); break;
-        default: if constexpr (kMR >= 6) block<KD, 6>(j, panel, a, S, first, c, c0, nv); break;
-      }
-      row += mr;
+  const int nv = valid_cols(j, P);
+  const int64_t c0 = P * per;
+  int64_t row = r0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int mr = static_cast<int>(rows / nb + (b < rows % nb ? 1 : 0));
+    const char* a = j.a + row * j.lda_bytes;
+    char* c = j.c + row * j.ldc_bytes;
+    const bool first = b == 0;
+    switch (mr) {
+      case 1: block<KD, 1>(j, panel, a, S, first, c, c0, nv); break;
+      case 2: block<KD, 2>(j, panel, a, S, first, c, c0, nv); break;
+      case 3: block<KD, 3>(j, panel, a, S, first, c, c0, nv); break;
+      case 4: block<KD, 4>(j, panel, a, S, first, c, c0, nv); break;
+      case 5: if constexpr (kMR >= 5) block<KD, 5>(j, panel, a, S, first, c, c0, nv); break;
+      default: if constexpr (kMR >= 6) block<KD, 6>(j, panel, a, S, first, c, c0, nv); break;
     }
+    row += mr;
   }
+}
+
+template <Kind KD>
+void run_task(const Job& j, const Task& t) {
+  for (int64_t P = t.p0; P < t.p1; ++P) run_panel<KD>(j, t.expert, P, j.w + t.expert * j.expert_stride + P * j.panel_stride);
+}
+
+// FP8, one row block (decode): the panel is dequantised kF8ChunkPairs k pairs at a time
+// into `buf` and each chunk is multiplied while it is still in L1, with the accumulators
+// kept across chunks. Same vdpbf16ps sequence as the bf16 kernel on the whole dequantised
+// panel, so the result is the same bit for bit. 64 pairs = 16 KiB of bf16 (half of Zen4's
+// 32 KiB L1D), and one 128-wide scale block at DeepSeek-V3's block size.
+constexpr int64_t kF8ChunkPairs = 64;
+
+template <int MR>
+void f8_decode_block(const Job& j, int64_t expert, int64_t P, char* buf, const char* a0, char* c0, int64_t col0,
+                     int nv) {
+  const int64_t S = (j.k + 1) / 2;
+  __m512 acc[MR][4];
+  for (int r = 0; r < MR; ++r)
+    for (int q = 0; q < 4; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int64_t s0 = 0; s0 < S; s0 += kF8ChunkPairs) {
+    const int64_t s1 = s0 + kF8ChunkPairs < S ? s0 + kF8ChunkPairs : S;
+    dequant_pairs_f8_avx512bf16(j, expert, P, s0, s1, reinterpret_cast<uint16_t*>(buf));
+    microkernel<Kind::Bf16Dp, MR, 0>(j, buf, a0, s0, s1, acc);
+  }
+  epilogue<MR>(j, acc, c0, col0, nv);
 }
 
 }  // namespace
@@ -179,5 +206,30 @@ void run_task(const Job& j, const Task& t) {
 void run_task_avx512_f32(const Job& j, const Task& t) { run_task<Kind::F32>(j, t); }
 void run_task_avx512_bf16emu(const Job& j, const Task& t) { run_task<Kind::Bf16Emu>(j, t); }
 void run_task_avx512bf16(const Job& j, const Task& t) { run_task<Kind::Bf16Dp>(j, t); }
+
+void run_task_f8_avx512bf16(const Job& j, const Task& t, char* buf) {
+  constexpr int kMR = kMaxRows<Kind::Bf16Dp>;
+  const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0;
+  const int64_t S = (j.k + 1) / 2;
+  const int64_t per = j.gated ? kGateCols : kPanel;
+  for (int64_t P = t.p0; P < t.p1; ++P) {
+    if (rows > kMR) {  // prefill: dequantise the whole panel once for all row blocks
+      dequant_pairs_f8_avx512bf16(j, t.expert, P, 0, S, reinterpret_cast<uint16_t*>(buf));
+      run_panel<Kind::Bf16Dp>(j, t.expert, P, buf);
+      continue;
+    }
+    const char* a = j.a + r0 * j.lda_bytes;
+    char* c = j.c + r0 * j.ldc_bytes;
+    const int nv = valid_cols(j, P);
+    switch (rows) {
+      case 1: f8_decode_block<1>(j, t.expert, P, buf, a, c, P * per, nv); break;
+      case 2: f8_decode_block<2>(j, t.expert, P, buf, a, c, P * per, nv); break;
+      case 3: f8_decode_block<3>(j, t.expert, P, buf, a, c, P * per, nv); break;
+      case 4: f8_decode_block<4>(j, t.expert, P, buf, a, c, P * per, nv); break;
+      case 5: f8_decode_block<5>(j, t.expert, P, buf, a, c, P * per, nv); break;
+      default: f8_decode_block<6>(j, t.expert, P, buf, a, c, P * per, nv); break;
+    }
+  }
+}
 
 }  // namespace moe::gg

@@ -13,6 +13,8 @@
 //         signed operand of vpdpbusd; K is padded to a multiple of 4 with zero k. Per
 //         packed column an f32 scale and an i32 compensation 128 * sum_k q live in
 //         PackedExperts::w_scale / w_comp (same column numbering: panel * 64 + j).
+//   f8:   panel = [ceil(K/2)][64][2] bytes: the bf16 layout with one byte per value, so
+//         a panel dequantises element by element into a bf16 panel (grouped_gemm_fp8.cpp).
 // Every panel starts on a 256-byte boundary (K*256 or ceil(K/2)*256 bytes per panel),
 // so given the 128-byte aligned Tensor storage all B loads are aligned.
 #pragma once
@@ -34,12 +36,13 @@ namespace {
 inline int64_t n_panels(int64_t n, bool gated) {
   return gated ? (n / 2 + kGateCols - 1) / kGateCols : (n + kPanel - 1) / kPanel;
 }
+inline bool pair_layout(DType dt) { return dt == DType::BF16 || dt == DType::F8E4M3; }
 inline int64_t k_steps(int64_t k, DType dt) {
-  return dt == DType::BF16 ? (k + 1) / 2 : dt == DType::I8 ? (k + 3) / 4 : k;
+  return pair_layout(dt) ? (k + 1) / 2 : dt == DType::I8 ? (k + 3) / 4 : k;
 }
 // Elements of the packed dtype per panel.
 inline int64_t panel_elems(int64_t k, DType dt) {
-  return dt == DType::BF16 ? k_steps(k, dt) * kPanel * 2 : dt == DType::I8 ? k_steps(k, dt) * kPanel * 4 : k * kPanel;
+  return pair_layout(dt) ? k_steps(k, dt) * kPanel * 2 : dt == DType::I8 ? k_steps(k, dt) * kPanel * 4 : k * kPanel;
 }
 
 // Logical row of W (gate rows then up rows) held by column j of panel P; -1 = padding.
@@ -77,6 +80,12 @@ struct Job {
   const int32_t* w_comp = nullptr;
   int64_t q_stride = 0;
   int64_t a_scale_off = 0;
+  // F8E4M3 only: PackedExperts::w_scale of expert 0 (experts f8_scale_stride floats
+  // apart), k blocks per panel and k pairs per block.
+  const float* f8_scale = nullptr;
+  int64_t f8_scale_stride = 0;
+  int64_t f8_n_kb = 0;
+  int64_t f8_kb_pairs = 0;
 };
 
 // One task: rows of `expert` x panels [p0, p1).
@@ -168,5 +177,14 @@ void pack_expert_i8(PackedExperts& p, int64_t e, const Tensor& w);
 Tensor unpack_expert_i8(const PackedExperts& p, int64_t e);
 void reference_i8(const GroupedGemmParams& p);
 void run_task_avx512_vnni_i8(const Job& j, const Task& t);  // vpdpbusd, grouped_gemm_int8_avx512.cpp
+// F8E4M3 (grouped_gemm_fp8.cpp): dequantise panel by panel to bf16, then the bf16 runner.
+void run_task_f8(const Job& j, const Task& t);
+Tensor unpack_expert_f8(const PackedExperts& p, int64_t e);
+// Dequantises k pairs [p0, p1) of panel P of expert e of the job's F8 weights into the
+// same pairs of dst, a bf16 panel (64-byte aligned): dst[i] = bf16(e4m3(src[i]) *
+// scale[i]). AVX512-BF16 (grouped_gemm_fp8_avx512.cpp); portable: grouped_gemm_fp8.cpp.
+void dequant_pairs_f8_avx512bf16(const Job& j, int64_t e, int64_t P, int64_t p0, int64_t p1, uint16_t* dst);
+// The F8 task with vdpbf16ps (grouped_gemm_avx512.cpp); buf: a bf16 panel's bytes.
+void run_task_f8_avx512bf16(const Job& j, const Task& t, char* buf);
 
 }  // namespace moe::gg

@@ -207,6 +207,16 @@ void set_expert_smooth(PackedExperts& p, int64_t e, const Tensor& smooth) {
   }
 }
 
+void set_expert_act_scale(PackedExperts& p, int64_t e, float s) {
+  MOE_CHECK(p.dtype == DType::I8, "static activation scales belong to i8 (W8A8) weights, these are {}",
+            dtype_name(p.dtype));
+  MOE_CHECK(0 <= e && e < p.n_experts, "set_expert_act_scale: expert {} out of range [0, {})", e, p.n_experts);
+  MOE_CHECK(std::isfinite(s) && s > 0.0f, "static activation scale of expert {} is {} (must be finite and > 0)", e, s);
+  // 0 marks "not set": MoeLayer rejects a table with a hole.
+  if (!p.act_scale.defined()) p.act_scale = Tensor::zeros({p.n_experts}, DType::F32);
+  p.act_scale.data<float>()[e] = s;
+}
+
 void unpack_expert_q8(const PackedExperts& p, int64_t e, Tensor& q, Tensor& scale) {
   MOE_CHECK(p.dtype == DType::I8, "unpack_expert_q8: the packed experts are {}, not i8", dtype_name(p.dtype));
   MOE_CHECK(0 <= e && e < p.n_experts, "unpack_expert_q8: expert {} out of range [0, {})", e, p.n_experts);

@@ -22,11 +22,19 @@ namespace {
 
 // The clamp mirrors vmaxps/vminps operand by operand (a NaN becomes -127, as in the
 // vector path), so no NaN reaches the float -> int conversion.
-inline int8_t q8_round(float v, float inv) {
-  float r = std::nearbyint(v * inv);
+inline int8_t q8_clamp(float r) {
   r = r > -127.0f ? r : -127.0f;
   r = r < 127.0f ? r : 127.0f;
   return static_cast<int8_t>(static_cast<int32_t>(r));
+}
+inline int8_t q8_round(float v, float inv) { return q8_clamp(std::nearbyint(v * inv)); }
+
+// One row with the dynamic rule (static_scale null) or the static one.
+inline void quantize_row_any(const float* x, const float* smooth, int64_t k, const float* static_scale, void* dst) {
+  if (static_scale)
+    quantize_row_q8_static(x, smooth, k, *static_scale, dst);
+  else
+    quantize_row_q8(x, smooth, k, dst);
 }
 
 }  // namespace
@@ -53,6 +61,21 @@ void quantize_row_q8(const float* x, const float* smooth, int64_t k, void* dst) 
     quant_detail::quantize_row_q8_avx512(x, smooth, k, dst);
   else
     quantize_row_q8_reference(x, smooth, k, dst);
+}
+
+void quantize_row_q8_static_reference(const float* x, const float* smooth, int64_t k, float s, void* dst) {
+  auto* q = static_cast<int8_t*>(dst);
+  for (int64_t i = 0; i < k; ++i) q[i] = q8_clamp(std::nearbyint((smooth ? x[i] / smooth[i] : x[i]) / s));
+  for (int64_t i = k; i < q8_scale_offset(k); ++i) q[i] = 0;
+  std::memcpy(q + q8_scale_offset(k), &s, 4);
+}
+
+void quantize_row_q8_static(const float* x, const float* smooth, int64_t k, float s, void* dst) {
+  MOE_DCHECK(s > 0.0f && std::isfinite(s));
+  if (active_isa() >= Isa::Avx512)
+    quant_detail::quantize_row_q8_static_avx512(x, smooth, k, s, dst);
+  else
+    quantize_row_q8_static_reference(x, smooth, k, s, dst);
 }
 
 float quantize_weight_row(const float* w, int64_t k, int8_t* q) {
@@ -82,28 +105,22 @@ void quantize_rows_q8(const QuantizeRowsParams& p) {
     int64_t e = 0;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < p.rows; ++r) {
-      const float* sm = nullptr;
-      if (p.smooth) {
-        if (p.offsets) {
-          if (r < p.offsets[e] || r >= p.offsets[e + 1])
-            e = std::upper_bound(p.offsets, p.offsets + p.n_experts + 1, r) - p.offsets - 1;
-          sm = p.smooth + e * p.k;
-        } else {
-          sm = p.smooth;
-        }
-      }
+      if (p.offsets && (p.smooth || p.static_scale) && (r < p.offsets[e] || r >= p.offsets[e + 1]))
+        e = std::upper_bound(p.offsets, p.offsets + p.n_experts + 1, r) - p.offsets - 1;
+      const float* sm = p.smooth ? p.smooth + e * p.k : nullptr;
+      const float* ss = p.static_scale ? p.static_scale + e : nullptr;
       const char* src = x + r * in_row;
       const float* xf = reinterpret_cast<const float*>(src);
       if (p.x_dtype != DType::F32) {
         convert_to_f32(src, p.x_dtype, buf.data(), p.k);
         xf = buf.data();
       }
-      quantize_row_q8(xf, sm, p.k, dst + r * p.ld_dst);
+      quantize_row_any(xf, sm, p.k, ss, dst + r * p.ld_dst);
     }
   }
 }
 
-void expand_quantize_q8(const ExpandParams& p, const float* smooth) {
+void expand_quantize_q8(const ExpandParams& p, const float* smooth, const float* static_scale) {
   const RouteIndex& idx = *p.index;
   MOE_CHECK(0 <= p.expert_begin && p.expert_begin <= p.expert_end && p.expert_end <= idx.n_experts,
             "expand: expert range [{}, {}) outside [0, {})", p.expert_begin, p.expert_end, idx.n_experts);
@@ -124,18 +141,17 @@ void expand_quantize_q8(const ExpandParams& p, const float* smooth) {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t pos = first + r;
-      const float* sm = nullptr;
-      if (smooth) {
-        if (pos < off[e] || pos >= off[e + 1]) e = std::upper_bound(off, off + n_e + 1, pos) - off - 1;
-        sm = smooth + e * H;
-      }
+      if ((smooth || static_scale) && (pos < off[e] || pos >= off[e + 1]))
+        e = std::upper_bound(off, off + n_e + 1, pos) - off - 1;
+      const float* sm = smooth ? smooth + e * H : nullptr;
+      const float* ss = static_scale ? static_scale + e : nullptr;
       const char* src = x + idx.gather_idx[pos] * in_row;
       const float* xf = reinterpret_cast<const float*>(src);
       if (p.x_dtype != DType::F32) {
         convert_to_f32(src, p.x_dtype, buf.data(), H);
         xf = buf.data();
       }
-      quantize_row_q8(xf, sm, H, out + r * out_row);
+      quantize_row_any(xf, sm, H, ss, out + r * out_row);
     }
   }
 }

@@ -37,6 +37,15 @@ void quantize_row_q8_reference(const float* x, const float* smooth, int64_t k, v
 // Symmetric int8 of one weight row w[k] into q[k]; returns its scale (amax / 127).
 float quantize_weight_row(const float* w, int64_t k, int8_t* q);
 
+// Static activation quantisation (checkpoints calibrated offline, e.g. FastDeploy W8A8):
+// one fixed per-tensor step s > 0 (x ~= q * s) replaces the row's absmax:
+//   q[k] = clamp(nearbyint(v[k] / s), -127, 127)    (f32 division, round half to even)
+// with v = x / smooth as above, and the Q8 row's scale is s. Values past 127 * s
+// saturate: a calibrated range is not a bound on new inputs. Same clamp (and NaN ->
+// -127) as the dynamic rule; the AVX-512 path performs the same IEEE operations.
+void quantize_row_q8_static(const float* x, const float* smooth, int64_t k, float s, void* dst);
+void quantize_row_q8_static_reference(const float* x, const float* smooth, int64_t k, float s, void* dst);
+
 // rows rows of x (f32, bf16 or f16; ldx elements apart) -> Q8 rows dst (ld_dst bytes
 // apart). Row r uses the smooth vector of its expert: with offsets (rows of expert e
 // are [offsets[e], offsets[e+1]), offsets[0] == 0) and smooth [n_experts, k], row r's
@@ -50,6 +59,9 @@ struct QuantizeRowsParams {
   const int64_t* offsets = nullptr;
   int64_t n_experts = 1;
   const float* smooth = nullptr;
+  // [n_experts] static per-tensor step of each group (quantize_row_q8_static); null:
+  // dynamic, each row's own absmax.
+  const float* static_scale = nullptr;
   void* dst = nullptr;
   int64_t ld_dst = 0;  // bytes, >= q8_row_bytes(k)
 };
@@ -57,9 +69,9 @@ void quantize_rows_q8(const QuantizeRowsParams& p);
 
 // Expand + smooth + quantise in one pass (the W8A8 form of moe::expand): out row r =
 // Q8(x[gather_idx[offsets[begin] + r]] / smooth[expert of r]), rows q8_row_bytes(H)
-// apart. smooth: [end - begin, H] for the experts [begin, end), or null. p.out_dtype is
-// ignored.
-void expand_quantize_q8(const ExpandParams& p, const float* smooth);
+// apart. smooth: [end - begin, H] for the experts [begin, end), or null. static_scale:
+// [end - begin] static steps of those experts, or null (dynamic). p.out_dtype is ignored.
+void expand_quantize_q8(const ExpandParams& p, const float* smooth, const float* static_scale = nullptr);
 
 // FP8 E4M3 ("e4m3fn": no infinities; 0x7f and 0xff are NaN; max 448) -> f32, exact.
 float f8e4m3_to_f32(uint8_t bits);
@@ -75,6 +87,7 @@ Tensor dequantize_fp8_blocks(const Tensor& w, const Tensor& scale_inv, int64_t b
 
 namespace quant_detail {
 void quantize_row_q8_avx512(const float* x, const float* smooth, int64_t k, void* dst);  // quant_avx512.cpp
+void quantize_row_q8_static_avx512(const float* x, const float* smooth, int64_t k, float s, void* dst);
 }
 
 }  // namespace moe

@@ -43,4 +43,18 @@ void quantize_row_q8_avx512(const float* x, const float* smooth, int64_t k, void
   std::memcpy(q + q8_scale_offset(k), &scale, 4);
 }
 
+void quantize_row_q8_static_avx512(const float* x, const float* smooth, int64_t k, float s, void* dst) {
+  auto* q = static_cast<int8_t*>(dst);
+  const __m512 vs = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (int64_t i = 0; i < k; i += 16) {
+    const __mmask16 m = tail_mask(k - i);
+    __m512 r = _mm512_roundscale_ps(_mm512_div_ps(load_v(x, smooth, i, m), vs),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
+    _mm_mask_storeu_epi8(q + i, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+  }
+  for (int64_t i = k; i < q8_scale_offset(k); ++i) q[i] = 0;
+  std::memcpy(q + q8_scale_offset(k), &s, 4);
+}
+
 }  // namespace moe::quant_detail

@@ -37,14 +37,16 @@ struct Checkpoint::State {
     return *sh.sf;
   }
 
-  const TensorInfo& info(const std::string& key) {
+  // The opened shard holding `key`, which must really hold it (an index can lie).
+  SafetensorsFile& file_with(const std::string& key) {
     size_t si = 0;
     SafetensorsFile& sf = shard_for(key, &si);
-    const TensorInfo* ti = sf.find(key);
-    MOE_CHECK(ti, "tensor '{}' is listed in {} for shard '{}' but is missing from that file", key,
+    MOE_CHECK(sf.find(key), "tensor '{}' is listed in {} for shard '{}' but is missing from that file", key,
               index_path, shards[si].path);
-    return *ti;
+    return sf;
   }
+
+  const TensorInfo& info(const std::string& key) { return *file_with(key).find(key); }
 };
 
 namespace {
@@ -162,19 +164,16 @@ bool Checkpoint::has(const std::string& key) const { return s_->key_shard.count(
 const TensorInfo& Checkpoint::info(const std::string& key) const { return s_->info(key); }
 
 Tensor Checkpoint::view(const std::string& key) const {
-  size_t si = 0;
-  SafetensorsFile& sf = s_->shard_for(key, &si);
-  MOE_CHECK(sf.find(key), "tensor '{}' is listed in {} for shard '{}' but is missing from that file",
-            key, s_->index_path, s_->shards[si].path);
-  return sf.view(key);
+  return s_->file_with(key).view(key);
 }
 
 Tensor Checkpoint::view_elems(const std::string& key, int64_t elem_begin, const Shape& shape) const {
-  size_t si = 0;
-  SafetensorsFile& sf = s_->shard_for(key, &si);
-  MOE_CHECK(sf.find(key), "tensor '{}' is listed in {} for shard '{}' but is missing from that file",
-            key, s_->index_path, s_->shards[si].path);
-  return sf.view_elems(key, elem_begin, shape);
+  return s_->file_with(key).view_elems(key, elem_begin, shape);
+}
+
+void Checkpoint::copy_strided(const std::string& key, int64_t elem_begin, int64_t piece, int64_t stride,
+                              int64_t count, void* dst) const {
+  s_->file_with(key).copy_strided(key, elem_begin, piece, stride, count, dst);
 }
 
 Tensor Checkpoint::view_rows(const std::string& key, int64_t begin, int64_t end) const {

@@ -46,6 +46,10 @@ class Checkpoint {
   // Rows [begin, end) of dim 0 of `key` (e.g. experts [b, e) of a stacked [E, ...]
   // tensor), touching only those rows.
   Tensor view_rows(const std::string& key, int64_t begin, int64_t end) const;
+  // Copies `count` pieces of `piece` elements of `key`, `stride` elements apart from
+  // `elem_begin`, into dst (packed), touching (and counting) only those bytes.
+  void copy_strided(const std::string& key, int64_t elem_begin, int64_t piece, int64_t stride, int64_t count,
+                    void* dst) const;
   // Starts background reads of elements [elem_begin, elem_begin + n) of `key`
   // (madvise WILLNEED; nothing counted). Unknown keys are ignored.
   void prefetch_elems(const std::string& key, int64_t elem_begin, int64_t n) const;

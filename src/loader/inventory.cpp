@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <unordered_set>
+
 #include "core/check.h"
 
 namespace moe {
@@ -57,12 +60,38 @@ Inventory take_inventory(const Checkpoint& ck) {
   return inv;
 }
 
+namespace {
+
+bool is_expert(LayerRead::Role r) {
+  return r == LayerRead::ExpertGate || r == LayerRead::ExpertUp || r == LayerRead::ExpertDown ||
+         r == LayerRead::FusedGateUp || r == LayerRead::FusedDown;
+}
+
+// The N of "model.layers.N.<rest>", or -1 for a key outside the decoder layers.
+int64_t layer_of_key(const std::string& k) {
+  static const std::string head = "model.layers.";
+  if (!k.starts_with(head)) return -1;
+  int64_t l = 0;
+  size_t i = head.size(), digits = 0;
+  while (i < k.size() && k[i] >= '0' && k[i] <= '9' && digits < 12) {
+    l = l * 10 + (k[i++] - '0');
+    ++digits;
+  }
+  return digits > 0 && i < k.size() && k[i] == '.' ? l : -1;
+}
+
+}  // namespace
+
 std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, const Inventory& inv, int ep, int tp,
-                                DType compute) {
+                                DType compute, const NonMlpReads& non_mlp) {
   MOE_CHECK(ep >= 1 && tp >= 1, "--ep and --tp must be positive (got --ep {} --tp {})", ep, tp);
   MOE_CHECK(ep <= cfg.n_experts, "--ep {} exceeds the {} routed experts", ep, cfg.n_experts);
   MOE_CHECK(cfg.moe_intermediate_size % tp == 0, "--tp {} does not divide the experts' moe_intermediate_size {}", tp,
             cfg.moe_intermediate_size);
+  // What a rank reads outside the MLP blocks depends on its TP rank only.
+  std::vector<uint64_t> non_mlp_bytes(tp);
+  for (int t = 0; t < tp; ++t)
+    for (const TensorRead& r : non_mlp(t, tp)) non_mlp_bytes[t] += read_bytes(ck, r);
   std::vector<RankPlan> plans;
   for (int r = 0; r < ep * tp; ++r) {
     RankPlan p;
@@ -72,7 +101,7 @@ std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, cons
     // Placement::contiguous's blocks, by arithmetic (no per-expert table).
     p.expert_begin = p.ep_rank * cfg.n_experts / ep;
     p.expert_end = (p.ep_rank + 1) * cfg.n_experts / ep;
-    p.non_expert_bytes = inv.non_expert_bytes();
+    p.non_expert_bytes = non_mlp_bytes[p.tp_rank];
     p.header_bytes = inv.header_bytes;
     MlpLoadOptions opt;
     opt.expert_begin = p.expert_begin;
@@ -80,26 +109,20 @@ std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, cons
     opt.tp_rank = p.tp_rank;
     opt.tp_size = tp;
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
-      if (!cfg.is_moe_layer(l)) continue;
-      for (const LayerRead& rd : mlp_layer_reads(ck, cfg, l, opt)) {
-        const bool expert = rd.role == LayerRead::ExpertGate || rd.role == LayerRead::ExpertUp ||
-                            rd.role == LayerRead::ExpertDown || rd.role == LayerRead::FusedGateUp ||
-                            rd.role == LayerRead::FusedDown;
-        if (!expert || !ck.has(rd.key)) continue;
-        const TensorInfo& ti = ck.info(rd.key);
-        if (ti.shape != rd.full_shape) continue;
-        p.expert_bytes += plan_shard(rd.key, rd.full_shape, rd.rule, rd.rank, rd.size).bytes_viewed(dtype_size(ti.dtype));
-      }
-      p.resident_expert_bytes += static_cast<uint64_t>(p.expert_end - p.expert_begin) * 3 *
-                                 static_cast<uint64_t>(cfg.moe_intermediate_size / tp) * cfg.hidden_size *
-                                 dtype_size(compute);
+      for (const LayerRead& rd : mlp_layer_reads(ck, cfg, l, opt))
+        (is_expert(rd.role) ? p.expert_bytes : p.non_expert_bytes) += read_bytes(ck, rd.tensor_read());
+      if (cfg.is_moe_layer(l))
+        p.resident_expert_bytes += static_cast<uint64_t>(p.expert_end - p.expert_begin) * 3 *
+                                   static_cast<uint64_t>(cfg.moe_intermediate_size / tp) * cfg.hidden_size *
+                                   dtype_size(compute);
     }
     plans.push_back(p);
   }
   return plans;
 }
 
-std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfig& cfg) {
+std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfig& cfg,
+                                            const std::vector<TensorRead>& non_mlp) {
   std::vector<TensorProblem> out;
   const auto keys = ck.keys();
   // Every layer needs at least one tensor: a config claiming more layers than the
@@ -110,6 +133,9 @@ std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfi
                                keys.size())});
     return out;
   }
+  // Outside the MLP blocks the model converts every tensor from a float type: no fp8.
+  for (const TensorRead& r : non_mlp)
+    if (auto p = tensor_problem(ck, r.key, r.shape, r.layer, /*fp8_ok=*/false)) out.push_back(std::move(*p));
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     for (auto& p : check_mlp_block(ck, cfg, l, 64)) out.push_back(std::move(p));
     for (auto& k : unexpected_mlp_tensors(ck, cfg, l))
@@ -117,21 +143,54 @@ std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfi
                      fmt::format("layer {}: unexpected tensor '{}' in {} (not used by the {} name map)", l, k,
                                  ck.file_of(k), cfg.model_type)});
   }
-  // Layers past the config's count.
+  // Every other key must be one of the model's reads: the MLP blocks' keys were
+  // judged above by their own name map.
+  std::unordered_set<std::string> read;
+  for (const TensorRead& r : non_mlp) read.insert(r.key);
   for (const std::string& k : keys) {
-    if (!k.starts_with("model.layers.")) continue;
-    int64_t l = 0;
-    size_t i = 13, digits = 0;
-    while (i < k.size() && k[i] >= '0' && k[i] <= '9' && digits < 12) {
-      l = l * 10 + (k[i++] - '0');
-      ++digits;
-    }
-    if (digits > 0 && l >= cfg.n_layers)
+    if (read.count(k)) continue;
+    const int64_t l = layer_of_key(k);
+    if (l >= cfg.n_layers) {
       out.push_back({TensorProblem::Unexpected, k,
                      fmt::format("unexpected tensor '{}' in {}: layer {} but num_hidden_layers={}", k, ck.file_of(k),
                                  l, cfg.n_layers)});
+      continue;
+    }
+    if (l >= 0) {
+      const auto blocks = mlp_block_prefixes(l);
+      if (std::any_of(blocks.begin(), blocks.end(), [&](const std::string& b) { return k.starts_with(b); })) continue;
+    }
+    out.push_back({TensorProblem::Unexpected, k,
+                   fmt::format("{}unexpected tensor '{}' in {} (the {} model does not read it)",
+                               l >= 0 ? fmt::format("layer {}: ", l) : "", k, ck.file_of(k), cfg.model_type)});
   }
   return out;
+}
+
+void load_share(const Checkpoint& ck, const MoeConfig& cfg, const std::vector<TensorRead>& non_mlp,
+                const MlpLoadOptions& opt, bool pack) {
+  // An owned copy in the file's dtype: the bytes really come into process memory.
+  auto copy = [&](const TensorRead& r) {
+    const Tensor t = load_sharded(ck, r, ck.info(r.key).dtype);
+    if (opt.progress) opt.progress->advance(t.nbytes());
+  };
+  for (const TensorRead& r : non_mlp) prefetch_sharded(ck, r);
+  for (const TensorRead& r : non_mlp) copy(r);
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const std::vector<LayerRead> reads = mlp_layer_reads(ck, cfg, l, opt);
+    if (!pack) {
+      for (const LayerRead& r : reads) prefetch_sharded(ck, r.tensor_read());
+      for (const LayerRead& r : reads) copy(r.tensor_read());
+      continue;
+    }
+    if (cfg.is_moe_layer(l))
+      load_moe_layer(ck, cfg, l, opt);  // advances the progress by the experts itself
+    else
+      load_dense_mlp(ck, cfg, l, opt);
+    if (opt.progress)
+      for (const LayerRead& r : reads)
+        if (!is_expert(r.role)) opt.progress->advance(read_bytes(ck, r.tensor_read()));
+  }
 }
 
 }  // namespace moe

@@ -1,9 +1,12 @@
 // What a checkpoint holds and what each rank reads of it: the tensor inventory by
-// kind, and the per-rank read plan for an --ep/--tp layout (used by `moe-ep inspect`
-// and by the tests that check bytes read per rank).
+// kind, every missing / mis-shaped / unexpected tensor, and the per-rank read plan for
+// an --ep/--tp layout (used by `moe-ep inspect` and by the tests that check bytes read
+// per rank). The tensors outside the MLP blocks come from the model's own list
+// (model/weights.h), passed in, so the plan and the checks are what the model reads.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -39,19 +42,36 @@ Inventory take_inventory(const Checkpoint& ck);
 struct RankPlan {
   int rank = 0, ep_rank = 0, tp_rank = 0;
   int64_t expert_begin = 0, expert_end = 0;
-  uint64_t non_expert_bytes = 0;  // every tensor but the routed experts (replicated)
-  uint64_t expert_bytes = 0;      // this rank's experts (its MoE-TP slice), as the loader views them
+  // Everything the rank reads but the routed experts: embeddings, norms, lm_head, its TP
+  // slice of the attention, routers, shared experts, dense MLPs.
+  uint64_t non_expert_bytes = 0;
+  uint64_t expert_bytes = 0;      // this rank's experts (its MoE-TP slice of each)
   uint64_t header_bytes = 0;
   uint64_t resident_expert_bytes = 0;  // packed expert weights in memory at the compute dtype
   uint64_t read_bytes() const { return non_expert_bytes + expert_bytes + header_bytes; }
 };
-// The plan for world = ep * tp ranks (contiguous expert blocks, as Placement::contiguous).
-// Throws if tp does not divide the experts' I.
+// The tensors outside the MLP blocks that a rank of TP rank `tp_rank` of `tp` reads
+// (model/weights.h model_reads; the loader does not know the model's attention).
+using NonMlpReads = std::function<std::vector<TensorRead>(int tp_rank, int tp)>;
+// The plan for world = ep * tp ranks (contiguous expert blocks, as Placement::contiguous),
+// every byte counted as load_sharded reads it. Throws if tp does not divide the
+// experts' I (or a tensor that --tp slices).
 std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, const Inventory& inv, int ep, int tp,
-                                DType compute);
+                                DType compute, const NonMlpReads& non_mlp);
 
-// Every missing / mis-shaped / wrong-dtype / unexpected tensor of every layer's MLP
-// block (plus layers the config does not have). Headers only.
-std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfig& cfg);
+// Every problem of the checkpoint, headers only: each missing / mis-shaped / wrong-
+// dtype tensor of `non_mlp` (the reads outside the MLP blocks) and of every layer's
+// MLP block, and every tensor that nothing reads (unexpected), including layers the
+// config does not have.
+std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfig& cfg,
+                                            const std::vector<TensorRead>& non_mlp);
+
+// Reads one rank's share as the engine does and drops it: every tensor of `non_mlp`
+// through load_sharded, then every layer's MLP block through load_moe_layer /
+// load_dense_mlp with `opt` (packed), or with pack = false each MLP tensor's slice
+// copied as it is (the I/O path alone). Advances opt.progress. The bytes read are
+// ck.bytes_touched(): `moe-ep inspect --load` and the tests compare them to the plan.
+void load_share(const Checkpoint& ck, const MoeConfig& cfg, const std::vector<TensorRead>& non_mlp,
+                const MlpLoadOptions& opt, bool pack);
 
 }  // namespace moe

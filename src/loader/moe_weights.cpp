@@ -9,6 +9,8 @@
 
 #include "core/check.h"
 #include "kernels/quant.h"
+#include "loader/fp8_weights.h"
+#include "loader/quant_weights.h"
 #include "loader/scales.h"
 
 namespace moe {
@@ -27,38 +29,32 @@ bool fp8_weight(const Checkpoint& ck, const std::string& key, DType t) {
   return t == DType::F8E4M3 && ck.has(key + "_scale_inv");
 }
 
-// The problem with one read's tensor, if any (headers only). Messages name the key,
-// the layer, the file and both shapes.
-std::optional<TensorProblem> problem_of(const Checkpoint& ck, const std::string& key, const Shape& expected,
-                                        int64_t layer) {
+}  // namespace
+
+std::optional<TensorProblem> tensor_problem(const Checkpoint& ck, const std::string& key, const Shape& expected,
+                                            int64_t layer, bool fp8_ok) {
+  const std::string where = layer >= 0 ? fmt::format("layer {}: ", layer) : "";
   if (!ck.has(key))
     return TensorProblem{TensorProblem::Missing, key,
-                         fmt::format("layer {}: tensor '{}' missing from checkpoint {} (expected shape {})", layer, key,
+                         fmt::format("{}tensor '{}' missing from checkpoint {} (expected shape {})", where, key,
                                      ck.dir(), shape_str(expected))};
   const TensorInfo& info = ck.info(key);  // opens the shard: a broken one throws, naming it
   if (info.shape != expected)
     return TensorProblem{TensorProblem::WrongShape, key,
-                         fmt::format("layer {}: tensor '{}' in {} has shape {}, expected {}", layer, key,
-                                     ck.file_of(key), shape_str(info.shape), shape_str(expected))};
-  if (!float_dtype(info.dtype) && !fp8_weight(ck, key, info.dtype))
+                         fmt::format("{}tensor '{}' in {} has shape {}, expected {}", where, key, ck.file_of(key),
+                                     shape_str(info.shape), shape_str(expected))};
+  if (!float_dtype(info.dtype) && !(fp8_ok && fp8_weight(ck, key, info.dtype)))
     return TensorProblem{TensorProblem::WrongDType, key,
-                         fmt::format("layer {}: tensor '{}' in {} has dtype {}, expected f32, bf16 or f16", layer, key,
-                                     ck.file_of(key), dtype_name(info.dtype))};
+                         fmt::format("{}tensor '{}' in {} has dtype {}, expected f32, bf16 or f16{}", where, key,
+                                     ck.file_of(key), dtype_name(info.dtype),
+                                     fp8_ok ? " (or f8_e4m3 with block scales)" : "")};
   return std::nullopt;
 }
 
-void check_or_throw(const Checkpoint& ck, const std::string& key, const Shape& expected, int64_t layer) {
-  if (auto p = problem_of(ck, key, expected, layer)) throw_error(__FILE__, __LINE__, p->message);
-}
+namespace {
 
-// Rows [0, a) from `top` and [0, b) from `bottom`, stacked: the W13 of one expert.
-Tensor stack_rows(const Tensor& top, const Tensor& bottom) {
-  MOE_CHECK(top.dtype() == bottom.dtype(), "gate and up projections have different dtypes ({} vs {})",
-            dtype_name(top.dtype()), dtype_name(bottom.dtype()));
-  Tensor out = Tensor::empty({top.dim(0) + bottom.dim(0), top.dim(1)}, top.dtype());
-  std::memcpy(out.raw(), top.raw(), top.nbytes());
-  std::memcpy(static_cast<char*>(out.raw()) + top.nbytes(), bottom.raw(), bottom.nbytes());
-  return out;
+void check_or_throw(const Checkpoint& ck, const std::string& key, const Shape& expected, int64_t layer) {
+  if (auto p = tensor_problem(ck, key, expected, layer)) throw_error(__FILE__, __LINE__, p->message);
 }
 
 Shape bias_shape(const Checkpoint& ck, const std::string& key, int64_t E) {
@@ -70,22 +66,15 @@ bool uses_fused(const Checkpoint& ck, const MlpKeys& keys) {
   return !ck.has(expert_key(keys.expert_gate, 0)) && ck.has(keys.fused_gate_up);
 }
 
-// FP8: dequantised at load, one tensor (one expert) at a time, to bf16 (exact for the
-// e4m3 values; the f32 product with the block scale rounds to nearest even), so the
-// packed layout and kernels are the bf16/f32 ones and no whole model is held in f32.
+// FP8 with f32 compute (and the router/other single tensors): dequantised at load, one
+// tensor at a time, to bf16 (the f32 product with the block scale rounded to nearest
+// even, the values the bf16 in-GEMM path computes with), then to the requested dtype.
+// Routed, shared and dense experts computed in bf16 stay e4m3 instead (fp8_weights.h).
 Tensor load_fp8(const Checkpoint& ck, const LayerRead& r, std::optional<DType> out) {
   const std::string skey = r.key + "_scale_inv";
   MOE_CHECK(r.size == 1, "tensor '{}': fp8 block-scaled weights under MoE-TP (--tp > 1) are not supported yet",
             r.key);
-  int64_t bn = 128, bk = 128;
-  const auto& cfg = ck.config();
-  if (cfg.contains("quantization_config") && cfg["quantization_config"].contains("weight_block_size")) {
-    const auto& b = cfg["quantization_config"]["weight_block_size"];
-    MOE_CHECK(b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer(),
-              "config.json: quantization_config.weight_block_size must be [rows, cols], got {}", b.dump());
-    bn = b[0].get<int64_t>();
-    bk = b[1].get<int64_t>();
-  }
+  const auto [bn, bk] = fp8_block_shape(ck);
   const Tensor w = load_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size);
   const Tensor s = load_sharded(ck, skey, ck.info(skey).shape, ShardRule::replicated(), 0, 1);
   try {
@@ -99,13 +88,6 @@ Tensor load_fp8(const Checkpoint& ck, const LayerRead& r, std::optional<DType> o
 Tensor load_read(const Checkpoint& ck, const LayerRead& r, std::optional<DType> out = std::nullopt) {
   if (ck.has(r.key) && fp8_weight(ck, r.key, ck.info(r.key).dtype)) return load_fp8(ck, r, out);
   return load_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size, out);
-}
-
-uint64_t read_bytes(const Checkpoint& ck, const LayerRead& r) {
-  if (!ck.has(r.key)) return 0;
-  const TensorInfo& ti = ck.info(r.key);
-  if (ti.shape != r.full_shape) return 0;
-  return plan_shard(r.key, r.full_shape, r.rule, r.rank, r.size).bytes_viewed(dtype_size(ti.dtype));
 }
 
 void warn_default(const std::string& msg) { fmt::print(stderr, "moe-ep: warning: {}\n", msg); }
@@ -130,9 +112,14 @@ GatedMlpWeights load_gated(const Checkpoint& ck, const LayerRead& g, const Layer
   const int64_t I = g.full_shape[0], H = g.full_shape[1];
   GatedMlpWeights w;
   w.act = act;
+  if (compute == DType::BF16 && is_fp8_weight(ck, g.key)) {  // stays e4m3 (fp8_weights.h)
+    make_fp8_mlp(ck, 1, I, H, w.w13, w.w2);
+    pack_fp8_expert(ck, g, u, d, w.w13, w.w2, 0);
+    return w;
+  }
   w.w13 = make_packed_experts(1, 2 * I, H, compute, /*gated=*/true);
   w.w2 = make_packed_experts(1, H, I, compute, /*gated=*/false);
-  pack_expert(w.w13, 0, stack_rows(load_read(ck, g), load_read(ck, u)));
+  pack_expert_gated(w.w13, 0, load_read(ck, g), load_read(ck, u));
   pack_expert(w.w2, 0, load_read(ck, d));
   return w;
 }
@@ -218,7 +205,9 @@ std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cf
   add(keys.router, {E, H}, ShardRule::replicated(), LayerRead::Router);
   if (cfg.routing.use_correction_bias)
     add(keys.correction_bias, bias_shape(ck, keys.correction_bias, E), ShardRule::replicated(), LayerRead::Bias);
-  if (uses_fused(ck, keys)) {
+  if (detect_quant_format(ck, cfg, layer) != QuantFormat::None) {
+    // Pre-quantised int8 experts: read by load_quant_experts (loader/quant_weights.h).
+  } else if (uses_fused(ck, keys)) {
     add(keys.fused_gate_up, {E, 2 * I, H}, ShardRule::expert_local_stacked(b, e, 0, 2), LayerRead::FusedGateUp, -1, tr,
         ts);
     add(keys.fused_down, {E, H, I}, ShardRule::expert_local_stacked(b, e, 1), LayerRead::FusedDown, -1, tr, ts);
@@ -238,7 +227,7 @@ std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cf
 
 uint64_t mlp_layer_read_bytes(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, const MlpLoadOptions& opt) {
   uint64_t n = 0;
-  for (const LayerRead& r : mlp_layer_reads(ck, cfg, layer, opt)) n += read_bytes(ck, r);
+  for (const LayerRead& r : mlp_layer_reads(ck, cfg, layer, opt)) n += read_bytes(ck, r.tensor_read());
   return n;
 }
 
@@ -249,7 +238,7 @@ std::vector<TensorProblem> check_mlp_block(const Checkpoint& ck, const MoeConfig
     // The router first: its shape [E, H] must be in the file, which bounds E before
     // the experts are enumerated.
     const MlpKeys keys = mlp_keys(cfg, layer, &ck);
-    if (auto p = problem_of(ck, keys.router, {cfg.n_experts, cfg.hidden_size}, layer)) {
+    if (auto p = tensor_problem(ck, keys.router, {cfg.n_experts, cfg.hidden_size}, layer)) {
       out.push_back(*p);
       return out;
     }
@@ -258,16 +247,29 @@ std::vector<TensorProblem> check_mlp_block(const Checkpoint& ck, const MoeConfig
                    fmt::format("config.json: layer {} is dense but 'intermediate_size' is missing", layer)});
     return out;
   }
+  if (cfg.is_moe_layer(layer)) {
+    try {
+      const QuantFormat qf = detect_quant_format(ck, cfg, layer);
+      for (auto& p : check_quant_experts(ck, cfg, layer, qf, 0, cfg.n_experts, max_problems)) out.push_back(p);
+    } catch (const Error& e) {  // keys of two quantised formats
+      out.push_back({TensorProblem::Unexpected, mlp_keys(cfg, layer, &ck).block, e.what()});
+      return out;
+    }
+  }
   for (const LayerRead& r : mlp_layer_reads(ck, cfg, layer, {})) {
     if (out.size() >= max_problems) break;
-    if (auto p = problem_of(ck, r.key, r.full_shape, layer)) out.push_back(*p);
+    if (auto p = tensor_problem(ck, r.key, r.full_shape, layer)) out.push_back(*p);
   }
   return out;
 }
 
+std::vector<std::string> mlp_block_prefixes(int64_t layer) {
+  const std::string base = fmt::format("model.layers.{}", layer);
+  return {base + ".mlp.", base + ".block_sparse_moe."};
+}
+
 std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer) {
   const MlpKeys keys = mlp_keys(cfg, layer, &ck);
-  const std::string base = fmt::format("model.layers.{}", layer);
   const bool moe = cfg.is_moe_layer(layer);
   std::vector<std::string> known;
   auto gated = [&](const std::string& p) {
@@ -286,8 +288,8 @@ std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeC
     gated(keys.dense_prefix);
   }
   std::vector<std::string> out;
-  for (const char* blk : {".mlp.", ".block_sparse_moe."})
-    for (const std::string& key : ck.keys_with_prefix(base + blk)) {
+  for (const std::string& prefix : mlp_block_prefixes(layer))
+    for (const std::string& key : ck.keys_with_prefix(prefix)) {
       if (std::find(known.begin(), known.end(), key) != known.end()) continue;
       int64_t id = -1;
       if (moe && (match_expert(keys.expert_gate, key, &id) || match_expert(keys.expert_up, key, &id) ||
@@ -295,6 +297,7 @@ std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeC
           id < cfg.n_experts)
         continue;
       if (auto m = match_scale_key(cfg.family, key); m && m->layer == layer) continue;
+      if (moe && is_quant_expert_key(cfg, keys, key)) continue;
       out.push_back(key);
     }
   return out;
@@ -325,6 +328,9 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   report_unexpected(ck, cfg, layer, opt);
   const std::vector<LayerRead> reads = mlp_layer_reads(ck, cfg, layer, opt);
   for (const LayerRead& r : reads) check_or_throw(ck, r.key, r.full_shape, layer);
+  const QuantFormat qf = detect_quant_format(ck, cfg, layer);  // int8 experts in the file
+  for (const TensorProblem& p : check_quant_experts(ck, cfg, layer, qf, w.expert_begin, w.expert_end, 1))
+    throw_error(__FILE__, __LINE__, p.message);
   // Let the disk read this rank's whole share ahead of the copies (cold page cache).
   for (const LayerRead& r : reads) prefetch_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size);
 
@@ -352,9 +358,16 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   }
   if (bias) w.correction_bias = load_read(ck, *bias, DType::F32).reshape({E});
 
-  const DType experts_dtype = opt.quantize_w8a8 ? DType::I8 : opt.compute;
-  w.w13 = make_packed_experts(n_local, 2 * Il, H, experts_dtype, /*gated=*/true);
-  w.w2 = make_packed_experts(n_local, H, Il, experts_dtype, /*gated=*/false);
+  const DType experts_dtype = opt.quantize_w8a8 || qf != QuantFormat::None ? DType::I8 : opt.compute;
+  // FP8 block-scaled experts computed in bf16 stay e4m3 in memory: the GEMM dequantises
+  // panel by panel (fp8_weights.h); for f32 compute they are dequantised here (load_read).
+  const bool fp8 = experts_dtype == DType::BF16 && !fused_gu && n_local > 0 && is_fp8_weight(ck, gate[0]->key);
+  if (fp8) {
+    make_fp8_mlp(ck, n_local, Il, H, w.w13, w.w2);
+  } else {
+    w.w13 = make_packed_experts(n_local, 2 * Il, H, experts_dtype, /*gated=*/true);
+    w.w2 = make_packed_experts(n_local, H, Il, experts_dtype, /*gated=*/false);
+  }
   std::exception_ptr err;
   std::mutex err_mu;
   auto guarded = [&](auto&& fn) {
@@ -365,7 +378,9 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
       if (!err) err = std::current_exception();
     }
   };
-  if (fused_gu) {
+  if (qf != QuantFormat::None) {
+    load_quant_experts(ck, cfg, layer, opt, qf, w);
+  } else if (fused_gu) {
     // Stacked layout: this rank's experts' rows only (and its I slice of each block).
     const Tensor gu = load_read(ck, *fused_gu);  // [E_l, 2 Il, H]
     const Tensor dn = load_read(ck, *fused_dn);  // [E_l, H, Il]
@@ -381,8 +396,18 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
 #pragma omp parallel for schedule(dynamic)
     for (int64_t e = 0; e < n_local; ++e)
       guarded([&] {
+        if (fp8) {
+          pack_fp8_expert(ck, *gate[e], *up[e], *down[e], w.w13, w.w2, e);
+          if (opt.progress)
+            opt.progress->advance(read_bytes(ck, gate[e]->tensor_read()) + read_bytes(ck, up[e]->tensor_read()) +
+                                  read_bytes(ck, down[e]->tensor_read()));
+          return;
+        }
+        // load_sharded gives zero-copy views of the mapping for gate and up (one row
+        // range, also under MoE-TP) and for down (unless MoE-TP slices its columns);
+        // they are packed straight from the file's dtype, with no copy of the expert.
         const Tensor g = load_read(ck, *gate[e]), u = load_read(ck, *up[e]), d = load_read(ck, *down[e]);
-        pack_expert(w.w13, e, stack_rows(g, u));
+        pack_expert_gated(w.w13, e, g, u);
         pack_expert(w.w2, e, d);
         if (opt.progress) opt.progress->advance(g.nbytes() + u.nbytes() + d.nbytes());
       });

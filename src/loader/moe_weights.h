@@ -7,8 +7,8 @@
 // them (`experts.gate_up_proj` [E, 2I, H], gate rows first; `experts.down_proj`
 // [E, H, I]). Only the experts in [expert_begin, expert_end) are touched: every
 // tensor goes through load_sharded with its ShardRule (loader/shard.h), so a rank
-// views only its experts' byte ranges (stacked tensors: their rows) and, under
-// MoE-TP, only its I slice of gate/up (down's I slice is strided: see shard.h).
+// reads only its experts' byte ranges (stacked tensors: their rows) and, under
+// MoE-TP, only its I slice of gate/up and of down (the latter row by row).
 // Every tensor of the block is checked (present, shape, dtype) before anything is
 // allocated, so a hostile config cannot make the loader allocate what the file
 // does not hold.
@@ -68,13 +68,14 @@ struct LayerRead {
   int rank = 0, size = 1;  // the group the rule slices over (MoE-TP for experts)
   enum Role { Router, Bias, ExpertGate, ExpertUp, ExpertDown, FusedGateUp, FusedDown, Shared, SharedGate, Dense } role;
   int64_t expert = -1;  // per-expert keys: the global expert id
+  TensorRead tensor_read() const { return {key, full_shape, rule, rank, size}; }
 };
 // Every tensor load_moe_layer / load_dense_mlp reads for `layer` with `opt`, in the
 // order it reads them; checks nothing. With per_expert vs fused chosen as the loader
 // does (from which keys the checkpoint has).
 std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
                                        const MlpLoadOptions& opt);
-// Bytes the loader views for those reads (ShardPlan::bytes_viewed, dtype of the file).
+// Bytes the loader reads for those reads (loader/shard.h read_bytes).
 uint64_t mlp_layer_read_bytes(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, const MlpLoadOptions& opt);
 
 // A problem with one tensor of a layer's MLP block.
@@ -83,12 +84,21 @@ struct TensorProblem {
   std::string key;
   std::string message;  // names the key, the layer, the file and both shapes
 };
+// The problem with tensor `key`, if any (headers only): missing, another shape than
+// `expected`, or a dtype the loaders cannot read (f32, bf16, f16; f8_e4m3 with its
+// block scales "<key>_scale_inv" when `fp8_ok`). Messages name the key, the layer (when
+// >= 0), the file and both shapes.
+std::optional<TensorProblem> tensor_problem(const Checkpoint& ck, const std::string& key, const Shape& expected,
+                                            int64_t layer, bool fp8_ok = true);
 // Checks presence, shape and dtype of every tensor the loader would read for `layer`
 // (all experts), stopping after `max_problems`. Reads headers only.
 std::vector<TensorProblem> check_mlp_block(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
                                            size_t max_problems = SIZE_MAX);
-// Keys under the layer's MLP block ("model.layers.L.mlp." and, for Mixtral,
-// ".block_sparse_moe.") that the family's name map (weights and scales) does not use.
+// The key prefixes of layer `layer`'s MLP block: "model.layers.L.mlp." and, for
+// Mixtral on the Hub, "model.layers.L.block_sparse_moe.".
+std::vector<std::string> mlp_block_prefixes(int64_t layer);
+// Keys under the layer's MLP block (mlp_block_prefixes) that the family's name map
+// (weights and scales) does not use.
 std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer);
 
 MoeLayerWeights load_moe_layer(const Checkpoint& ckpt, const MoeConfig& cfg, int64_t layer,

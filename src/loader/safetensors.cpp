@@ -266,27 +266,78 @@ const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
+uint64_t SafetensorsFile::merge_locked(uint64_t begin, uint64_t end) {
+  expand_strided_locked(begin, end);
+  uint64_t added = end - begin;
+  // Merge [begin, end) with every range it overlaps or abuts.
+  auto it = touched_.upper_bound(begin);
+  if (it != touched_.begin() && std::prev(it)->second >= begin) --it;
+  uint64_t lo = begin, hi = end;
+  while (it != touched_.end() && it->first <= hi) {
+    const uint64_t ov_lo = std::max(begin, it->first), ov_hi = std::min(end, it->second);
+    if (ov_hi > ov_lo) added -= std::min(added, ov_hi - ov_lo);
+    lo = std::min(lo, it->first);
+    hi = std::max(hi, it->second);
+    it = touched_.erase(it);
+  }
+  touched_.emplace(lo, hi);
+  return added;
+}
+
+void SafetensorsFile::expand_strided_locked(uint64_t begin, uint64_t end) {
+  auto it = strided_.lower_bound(begin);
+  if (it != strided_.begin()) {
+    const auto p = std::prev(it);
+    if (p->second.end(p->first) > begin) it = p;
+  }
+  while (it != strided_.end() && it->first < end) {
+    const uint64_t b = it->first;
+    const Strided s = it->second;
+    it = strided_.erase(it);
+    for (uint64_t i = 0; i < s.count; ++i) merge_locked(b + i * s.stride, b + i * s.stride + s.piece);
+  }
+}
+
+bool SafetensorsFile::overlaps_locked(uint64_t begin, uint64_t end) const {
+  auto t = touched_.upper_bound(begin);
+  if (t != touched_.begin() && std::prev(t)->second > begin) return true;
+  if (t != touched_.end() && t->first < end) return true;
+  auto s = strided_.upper_bound(begin);
+  if (s != strided_.begin()) {
+    const auto p = std::prev(s);
+    if (p->second.end(p->first) > begin) return true;
+  }
+  return s != strided_.end() && s->first < end;
+}
+
 void SafetensorsFile::touch(uint64_t begin, uint64_t end) {
   if (end <= begin) return;
-  uint64_t added = end - begin;
   {
     std::lock_guard<std::mutex> lock(touched_mu_);
-    // Merge [begin, end) with every range it overlaps or abuts.
-    auto it = touched_.upper_bound(begin);
-    if (it != touched_.begin() && std::prev(it)->second >= begin) --it;
-    uint64_t lo = begin, hi = end;
-    while (it != touched_.end() && it->first <= hi) {
-      const uint64_t ov_lo = std::max(begin, it->first), ov_hi = std::min(end, it->second);
-      if (ov_hi > ov_lo) added -= std::min(added, ov_hi - ov_lo);
-      lo = std::min(lo, it->first);
-      hi = std::max(hi, it->second);
-      it = touched_.erase(it);
-    }
-    touched_.emplace(lo, hi);
+    const uint64_t added = merge_locked(begin, end);
     if (added == 0) return;
     bytes_touched_.fetch_add(added, std::memory_order_relaxed);
   }
   advise(begin, end);
+}
+
+void SafetensorsFile::touch_strided(uint64_t begin, uint64_t piece, uint64_t stride, uint64_t count) {
+  if (piece == 0 || count == 0) return;
+  const Strided s{piece, stride, count};
+  const uint64_t end = s.end(begin);
+  if (count == 1 || stride <= piece) return touch(begin, end);  // the pieces cover their span
+  {
+    std::lock_guard<std::mutex> lock(touched_mu_);
+    uint64_t added = 0;
+    if (!overlaps_locked(begin, end)) {
+      strided_.emplace(begin, s);
+      added = piece * count;
+    } else {  // seen before in part (the same slice loaded twice, or a whole view): exact union
+      for (uint64_t i = 0; i < count; ++i) added += merge_locked(begin + i * stride, begin + i * stride + piece);
+    }
+    bytes_touched_.fetch_add(added, std::memory_order_relaxed);
+  }
+  for (uint64_t i = 0; i < count; ++i) advise(begin + i * stride, begin + i * stride + piece);
 }
 
 void SafetensorsFile::advise(uint64_t begin, uint64_t end) const {
@@ -334,6 +385,33 @@ Tensor SafetensorsFile::view_elems(const std::string& name, int64_t elem_begin, 
   const uint64_t begin = info.offset + static_cast<uint64_t>(elem_begin) * esize;
   touch(begin, begin + n * esize);
   return Tensor::wrap(static_cast<char*>(mapping_.get()) + begin, shape, info.dtype, mapping_);
+}
+
+void SafetensorsFile::copy_strided(const std::string& name, int64_t elem_begin, int64_t piece, int64_t stride,
+                                   int64_t count, void* dst) {
+  auto it = index_.find(name);
+  MOE_CHECK(it != index_.end(), "tensor '{}' not found in safetensors file '{}'", name, path_);
+  const TensorInfo& info = tensors_[it->second];
+  const uint64_t esize = dtype_size(info.dtype);
+  const uint64_t total = info.nbytes / esize;
+  // The last piece ends at elem_begin + (count - 1) * stride + piece, which must fit.
+  bool ok = elem_begin >= 0 && piece >= 0 && stride >= 0 && count >= 0;
+  if (ok && count > 0) {
+    uint64_t end = 0;
+    ok = !__builtin_mul_overflow(static_cast<uint64_t>(count - 1), static_cast<uint64_t>(stride), &end) &&
+         !__builtin_add_overflow(end, static_cast<uint64_t>(elem_begin), &end) &&
+         !__builtin_add_overflow(end, static_cast<uint64_t>(piece), &end) && end <= total;
+  }
+  MOE_CHECK(ok, "tensor '{}' in '{}' ({} {}): {} pieces of {} elements every {} from element {} are outside its {} "
+            "elements", name, path_, safetensors_dtype_name(info.dtype), shape_str(info.shape), count, piece, stride,
+            elem_begin, total);
+  if (count == 0 || piece == 0) return;
+  const uint64_t begin = info.offset + static_cast<uint64_t>(elem_begin) * esize;
+  const uint64_t piece_b = static_cast<uint64_t>(piece) * esize, stride_b = static_cast<uint64_t>(stride) * esize;
+  touch_strided(begin, piece_b, stride_b, static_cast<uint64_t>(count));
+  const char* src = static_cast<const char*>(mapping_.get()) + begin;
+  char* out = static_cast<char*>(dst);
+  for (int64_t i = 0; i < count; ++i) std::memcpy(out + i * piece_b, src + i * stride_b, piece_b);
 }
 
 // ---------------------------------------------------------------------------------------

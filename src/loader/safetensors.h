@@ -67,6 +67,13 @@ class SafetensorsFile {
   // shaped `shape`: a zero-copy view that counts only those bytes. Throws naming the
   // tensor and the file if the range is outside the tensor.
   Tensor view_elems(const std::string& name, int64_t elem_begin, const Shape& shape);
+  // Copies `count` pieces of `piece` elements of tensor `name` into dst (packed), the
+  // first at element `elem_begin` and each `stride` elements after the previous one:
+  // a strided slice (the input-dim slice of a row-parallel weight, an expert's I slice
+  // of down_proj). Counts only those bytes as touched. Throws naming the tensor and the
+  // file if a piece is outside the tensor.
+  void copy_strided(const std::string& name, int64_t elem_begin, int64_t piece, int64_t stride, int64_t count,
+                    void* dst);
   // Asks the kernel to start reading elements [elem_begin, elem_begin + n) of `name`
   // in the background (madvise WILLNEED; not counted as touched). Out-of-range
   // requests are clipped; errors are ignored (advisory).
@@ -93,10 +100,27 @@ class SafetensorsFile {
   // Counts the bytes of [begin, end) (absolute file offsets) not viewed before and
   // asks the kernel to read large ranges ahead.
   void touch(uint64_t begin, uint64_t end);
+  // The same for `count` pieces of `piece` bytes, `stride` bytes apart, from `begin`.
+  void touch_strided(uint64_t begin, uint64_t piece, uint64_t stride, uint64_t count);
   void advise(uint64_t begin, uint64_t end) const;
+
+  // A strided touch kept as one record rather than one range per piece: a MoE-TP
+  // rank's slices of down_proj would otherwise cost a map node per row of every expert.
+  struct Strided {
+    uint64_t piece = 0, stride = 0, count = 0;
+    uint64_t end(uint64_t begin) const { return begin + (count - 1) * stride + piece; }  // of the last piece
+  };
+  // With touched_mu_ held: adds [begin, end) to touched_ and returns the bytes that
+  // were not in it; moves the strided records overlapping [begin, end) into touched_.
+  uint64_t merge_locked(uint64_t begin, uint64_t end);
+  void expand_strided_locked(uint64_t begin, uint64_t end);
+  bool overlaps_locked(uint64_t begin, uint64_t end) const;
 
   std::mutex touched_mu_;
   std::map<uint64_t, uint64_t> touched_;  // disjoint, non-adjacent [begin, end) ranges
+  // begin -> record; their spans (first piece to last) are disjoint from each other and
+  // from touched_, so the bytes counted are always the union of everything viewed.
+  std::map<uint64_t, Strided> strided_;
   std::atomic<uint64_t> bytes_touched_{0};
 };
 

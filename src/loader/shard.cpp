@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
-
 #include "core/check.h"
 
 namespace moe {
@@ -44,26 +42,36 @@ ShardRule apply_whitelist(const std::string& key, const ShardRule& rule, const s
 
 uint64_t ShardPlan::elems_read() const {
   uint64_t n = 0;
-  for (const auto& [b, e] : ranges) n += static_cast<uint64_t>(e - b);
+  for (const ShardRun& r : runs) n += static_cast<uint64_t>(r.len) * static_cast<uint64_t>(r.count);
   return n;
 }
 
 namespace {
+
+// Appends the piece [b, b + len) of the source: it extends the last piece when they
+// touch, joins the last run when it has that run's length and stride, or starts a run.
+void add_piece(std::vector<ShardRun>& runs, int64_t b, int64_t len) {
+  if (len == 0) return;
+  if (!runs.empty()) {
+    ShardRun& r = runs.back();
+    const int64_t last = r.begin + (r.count - 1) * r.stride;
+    if (r.count == 1 && last + r.len == b) {
+      r.len += len;
+      return;
+    }
+    if (len == r.len && (r.count == 1 || b - last == r.stride)) {
+      r.stride = b - last;
+      ++r.count;
+      return;
+    }
+  }
+  runs.push_back({b, len, len, 1});
+}
+
+// Below this a piece is not worth its own madvise: prefetch the run's whole span.
 constexpr uint64_t kSmallPiece = 64 << 10;
-}
 
-std::vector<std::pair<int64_t, int64_t>> ShardPlan::views(size_t es) const {
-  if (ranges.size() <= 1) return ranges;
-  const uint64_t piece_bytes = static_cast<uint64_t>(ranges[0].second - ranges[0].first) * es;
-  if (piece_bytes < kSmallPiece) return {{ranges.front().first, ranges.back().second}};
-  return ranges;
-}
-
-uint64_t ShardPlan::bytes_viewed(size_t es) const {
-  uint64_t n = 0;
-  for (const auto& [b, e] : views(es)) n += static_cast<uint64_t>(e - b) * es;
-  return n;
-}
+}  // namespace
 
 ShardPlan plan_shard(const std::string& key, const Shape& full, const ShardRule& rule, int rank, int size) {
   ShardPlan p;
@@ -71,14 +79,14 @@ ShardPlan plan_shard(const std::string& key, const Shape& full, const ShardRule&
   for (int64_t d : full) numel *= d;
   if (rule.kind == ShardKind::Replicated || (size == 1 && rule.kind != ShardKind::ExpertLocal)) {
     p.out_shape = full;
-    if (numel > 0) p.ranges.push_back({0, numel});
+    add_piece(p.runs, 0, numel);
     p.contiguous_out = true;
     return p;
   }
   if (rule.kind == ShardKind::RowBias) {
     p.out_shape = full;
     if (rank == 0) {
-      if (numel > 0) p.ranges.push_back({0, numel});
+      add_piece(p.runs, 0, numel);
       p.contiguous_out = true;
     } else {
       p.zero_fill = true;
@@ -118,19 +126,20 @@ ShardPlan plan_shard(const std::string& key, const Shape& full, const ShardRule&
   if (stacked) p.out_shape.insert(p.out_shape.begin(), e1 - e0);
   for (int64_t e = e0; e < e1; ++e)
     for (int64_t o = 0; o < outer; ++o)
-      for (int q = 0; q < parts; ++q) {
-        const int64_t base = (stacked ? e * expert_elems : 0) + o * inner[dim] * after + (q * block + s0) * after;
-        const int64_t len = (s1 - s0) * after;
-        if (len == 0) continue;
-        if (!p.ranges.empty() && p.ranges.back().second == base)
-          p.ranges.back().second += len;  // adjacent pieces merge
-        else
-          p.ranges.push_back({base, base + len});
-      }
-  int64_t out_numel = 1;
-  for (int64_t d : p.out_shape) out_numel *= d;
-  p.contiguous_out = p.ranges.size() == 1 || (p.ranges.empty() && out_numel == 0);
+      for (int q = 0; q < parts; ++q)
+        add_piece(p.runs, (stacked ? e * expert_elems : 0) + o * inner[dim] * after + (q * block + s0) * after,
+                  (s1 - s0) * after);
+  p.contiguous_out = p.runs.empty() || (p.runs.size() == 1 && p.runs[0].count == 1);
   return p;
+}
+
+ShardPlan plan_shard(const TensorRead& r) { return plan_shard(r.key, r.shape, r.rule, r.rank, r.size); }
+
+uint64_t read_bytes(const Checkpoint& ck, const TensorRead& r) {
+  if (!ck.has(r.key)) return 0;
+  const TensorInfo& info = ck.info(r.key);
+  if (info.shape != r.shape) return 0;
+  return plan_shard(r).bytes_read(dtype_size(info.dtype));
 }
 
 void prefetch_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
@@ -138,8 +147,18 @@ void prefetch_sharded(const Checkpoint& ck, const std::string& key, const Shape&
   if (!ck.has(key)) return;
   const TensorInfo& info = ck.info(key);
   if (info.shape != full_shape) return;
-  const ShardPlan p = plan_shard(key, full_shape, rule, rank, size);
-  for (const auto& [b, e] : p.views(dtype_size(info.dtype))) ck.prefetch_elems(key, b, e - b);
+  const uint64_t es = dtype_size(info.dtype);
+  for (const ShardRun& r : plan_shard(key, full_shape, rule, rank, size).runs) {
+    if (static_cast<uint64_t>(r.len) * es < kSmallPiece) {
+      ck.prefetch_elems(key, r.begin, (r.count - 1) * r.stride + r.len);
+      continue;
+    }
+    for (int64_t i = 0; i < r.count; ++i) ck.prefetch_elems(key, r.begin + i * r.stride, r.len);
+  }
+}
+
+void prefetch_sharded(const Checkpoint& ck, const TensorRead& r) {
+  prefetch_sharded(ck, r.key, r.shape, r.rule, r.rank, r.size);
 }
 
 Tensor load_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
@@ -152,29 +171,28 @@ Tensor load_sharded(const Checkpoint& ck, const std::string& key, const Shape& f
   const ShardPlan p = plan_shard(key, full_shape, rule, rank, size);
   const DType src = info.dtype;
   const DType dst = out.value_or(src);
+  auto is_float = [](DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; };
+  MOE_CHECK(src == dst || (is_float(src) && is_float(dst)), "tensor '{}' in {} has dtype {}, expected f32, bf16 or f16",
+            key, ck.file_of(key), dtype_name(src));
   // An explicit `out` always gives an owned copy; otherwise views stay views.
   auto convert = [&](Tensor t) { return out ? t.to(dst) : t; };
   if (p.zero_fill) return Tensor::zeros(p.out_shape, dst);
   if (p.contiguous_out) {
-    if (p.ranges.empty()) return Tensor::zeros(p.out_shape, dst);
-    return convert(ck.view_elems(key, p.ranges[0].first, p.out_shape));
+    if (p.runs.empty()) return Tensor::zeros(p.out_shape, dst);
+    return convert(ck.view_elems(key, p.runs[0].begin, p.out_shape));
   }
-  // Strided: copy the pieces into one buffer, through the views plan.views() names
-  // (one view of the whole span when the pieces are small).
-  const size_t es = dtype_size(src);
+  // Strided: copy the pieces, run by run, into one buffer (already an owned copy).
   Tensor buf = Tensor::empty(p.out_shape, src);
   char* dstp = static_cast<char*>(buf.raw());
-  size_t next = 0;
-  for (const auto& [vb, ve] : p.views(es)) {
-    const Tensor v = ck.view_elems(key, vb, {ve - vb});
-    const char* base = static_cast<const char*>(v.raw());
-    for (; next < p.ranges.size() && p.ranges[next].second <= ve; ++next) {
-      const auto [b, e] = p.ranges[next];
-      std::memcpy(dstp, base + (b - vb) * es, (e - b) * es);
-      dstp += (e - b) * es;
-    }
+  for (const ShardRun& r : p.runs) {
+    ck.copy_strided(key, r.begin, r.len, r.stride, r.count, dstp);
+    dstp += static_cast<size_t>(r.len * r.count) * dtype_size(src);
   }
-  return convert(buf);
+  return dst == src ? buf : buf.to(dst);
+}
+
+Tensor load_sharded(const Checkpoint& ck, const TensorRead& r, std::optional<DType> out) {
+  return load_sharded(ck, r.key, r.shape, r.rule, r.rank, r.size, out);
 }
 
 }  // namespace moe

@@ -3,7 +3,9 @@
 // Every parameter the engine loads carries a ShardRule (nano-vllm's weight_loader
 // idea): the loader asks load_sharded() for "this tensor, this rule, this rank of
 // this many" and gets exactly that rank's slice, reading only the bytes of that slice
-// from the mmapped file where the slice is made of large contiguous pieces.
+// from the mmapped file: a contiguous slice is a zero-copy view, a strided one (the
+// input-dim slice of a row-parallel weight, an expert's I slice of down_proj) is
+// copied piece by piece.
 //
 //   replicated        every rank holds the whole tensor (norms, router, embeddings)
 //   column-parallel   slice the output dim (dim 0 of an [out, in] weight, a column-
@@ -69,38 +71,62 @@ std::pair<int64_t, int64_t> shard_range(const std::string& what, int64_t n, int 
 // If `key` contains any of the `whitelist` substrings, the rule is replicated.
 ShardRule apply_whitelist(const std::string& key, const ShardRule& rule, const std::vector<std::string>& whitelist);
 
-// What load_sharded will read for one tensor: the shape of the result and the
-// element ranges of the source it views (in order, [begin, end) of the flattened
-// source tensor). Pure arithmetic on the shape: used by load_sharded and by the read
-// plan of `inspect`, so the plan is exactly what the loader touches.
+// One tensor a rank reads: the checkpoint key, its full shape in the checkpoint, the
+// rule that slices it and the group the rule slices over (rank `rank` of `size`).
+// `layer` (-1: outside the decoder layers) is for messages. Every weight the engine
+// loads is described this way first (model/weights.h, loader/moe_weights.h), so that
+// `moe-ep inspect` checks and plans from the same list the loaders read.
+struct TensorRead {
+  std::string key;
+  Shape shape;
+  ShardRule rule;
+  int rank = 0, size = 1;
+  int64_t layer = -1;
+};
+
+// What load_sharded reads for one tensor: the shape of the result and the pieces of
+// the source it copies, in order. Pieces come in runs of equal pieces at a constant
+// stride (a row-parallel slice is one run of a piece per row), so a plan stays small
+// however many rows it covers. Pure arithmetic on the shape: used by load_sharded and
+// by the read plan of `inspect`, so the plan is exactly what the loader touches.
+struct ShardRun {
+  int64_t begin = 0;   // first element of the first piece (flattened source)
+  int64_t len = 0;     // elements per piece
+  int64_t stride = 0;  // elements from one piece's start to the next
+  int64_t count = 0;   // pieces
+};
 struct ShardPlan {
   Shape out_shape;
-  std::vector<std::pair<int64_t, int64_t>> ranges;  // element ranges of the source
+  std::vector<ShardRun> runs;  // the result is every piece of every run, in order
   bool zero_fill = false;  // row-parallel bias on a rank > 0: zeros, nothing read
-  bool contiguous_out = false;  // the result is exactly one source range (zero-copy)
+  bool contiguous_out = false;  // the result is one source range (zero-copy)
   uint64_t elems_read() const;
-  // The element ranges load_sharded views for a source of `elem_size`-byte elements:
-  // `ranges`, or their whole span when the pieces are small (see load_sharded).
-  std::vector<std::pair<int64_t, int64_t>> views(size_t elem_size) const;
-  uint64_t bytes_viewed(size_t elem_size) const;
+  uint64_t bytes_read(size_t elem_size) const { return elems_read() * elem_size; }
 };
 ShardPlan plan_shard(const std::string& key, const Shape& full_shape, const ShardRule& rule, int rank, int size);
+ShardPlan plan_shard(const TensorRead& r);
+
+// The bytes load_sharded(r) reads from `ck` (dtype of the file); 0 when the tensor is
+// missing or has another shape (the loader then reads nothing: it throws).
+uint64_t read_bytes(const Checkpoint& ck, const TensorRead& r);
+
+// Starts background reads of what load_sharded(same arguments) will read; call it for
+// a batch of tensors before loading them so the disk works ahead of the copies. Runs
+// of pieces under 64 KiB are prefetched as their whole span (the OS reads whole pages
+// and more anyway). A missing or mis-shaped tensor is skipped (load_sharded reports it).
+void prefetch_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
+                      int rank, int size);
+void prefetch_sharded(const Checkpoint& ck, const TensorRead& r);
 
 // This rank's slice of `key`, whose checkpoint shape must be `full_shape` (else an
 // error naming the key, the file and both shapes). The result is contiguous, in the
 // checkpoint dtype, or an owned copy converted to `out` (float types; any dtype when
 // equal) when `out` is given. Without `out`, a slice that is one contiguous byte range
 // is a zero-copy read-only view of the mapping (clone() it to own or modify it);
-// otherwise an owned copy. Only the slice's bytes are viewed (Checkpoint::bytes_touched), except
-// that a strided slice made of pieces under 64 KiB views the span from its first to
-// its last piece: the OS pages those bytes in anyway.
-// Starts background reads of what load_sharded(same arguments) will view; call it for
-// a batch of tensors before loading them so the disk works ahead of the copies.
-// A missing or mis-shaped tensor is skipped (load_sharded reports it).
-void prefetch_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
-                      int rank, int size);
-
+// otherwise an owned copy. Only the slice's bytes are touched (Checkpoint::bytes_touched),
+// strided slices included: they are copied piece by piece (Checkpoint::copy_strided).
 Tensor load_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
                     int rank, int size, std::optional<DType> out = std::nullopt);
+Tensor load_sharded(const Checkpoint& ck, const TensorRead& r, std::optional<DType> out = std::nullopt);
 
 }  // namespace moe

@@ -51,18 +51,80 @@ void check_heads(const char* what, int64_t n, int tp) {
             tp, n, what);
 }
 
-Tensor load_norm(const Checkpoint& ck, const std::string& key, int64_t n) {
-  return load_f32(ck, key + ".weight", {n});
+}  // namespace
+
+bool AttentionKeys::has_bias(const std::string& prefix) const {
+  return std::find(biased.begin(), biased.end(), prefix) != biased.end();
 }
 
-}  // namespace
+AttentionReads attention_reads(const ModelConfig& cfg, const AttentionKeys& k, int r, int tp) {
+  check_heads("attention heads", cfg.n_heads, tp);
+  const int64_t H = cfg.hidden_size, nh = cfg.n_heads, l = k.layer;
+  const ShardSpec rep, col{Split::Column, r, tp}, row{Split::Row, r, tp};
+  auto linear = [&](const std::string& prefix, int64_t out, int64_t in, const ShardSpec& s) {
+    return linear_read(prefix, out, in, k.has_bias(prefix), s, l);
+  };
+  AttentionReads a;
+  if (cfg.attention == AttentionKind::Gqa) {
+    check_heads("key/value heads", cfg.n_kv_heads, tp);
+    const int64_t hd = cfg.head_dim;
+    // q/k/v column-parallel by heads, o_proj row-parallel (model/attention.h).
+    a.q = linear(k.q, nh * hd, H, col);
+    a.k = linear(k.k, cfg.n_kv_heads * hd, H, col);
+    a.v = linear(k.v, cfg.n_kv_heads * hd, H, col);
+    a.o = linear(k.o, H, nh * hd, row);
+    if (!k.q_norm.empty()) {
+      a.q_norm = norm_read(k.q_norm, hd, l);
+      a.k_norm = norm_read(k.k_norm, hd, l);
+    }
+    return a;
+  }
+  const int64_t qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim;
+  if (cfg.q_lora_rank > 0) {
+    a.q_a = linear(k.q_a, cfg.q_lora_rank, H, rep);
+    a.q_a_norm = norm_read(k.q_a_norm, cfg.q_lora_rank, l);
+    a.q_b = linear(k.q_b, nh * qk, cfg.q_lora_rank, col);
+  } else {
+    a.q = linear(k.q, nh * qk, H, col);
+  }
+  a.kv_a = linear(k.kv_a, cfg.kv_lora_rank + cfg.qk_rope_head_dim, H, rep);  // the shared latent: every rank
+  a.kv_a_norm = norm_read(k.kv_a_norm, cfg.kv_lora_rank, l);
+  // kv_b_proj [nh*(nope+v), kv_lora]: per head nope rows of W_UK then v rows of W_UV.
+  a.kv_b = linear_read(k.kv_b, nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank, false, col, l).weight;
+  a.o = linear(k.o, H, nh * cfg.v_head_dim, row);
+  return a;
+}
+
+std::vector<TensorRead> AttentionReads::all() const {
+  std::vector<TensorRead> out;
+  auto add = [&](const std::optional<TensorRead>& t) {
+    if (t) out.push_back(*t);
+  };
+  auto add_linear = [&](const std::optional<LinearRead>& lr) {
+    if (!lr) return;
+    out.push_back(lr->weight);
+    add(lr->bias);
+  };
+  add_linear(q);
+  add_linear(k);
+  add_linear(v);
+  add(q_norm);
+  add(k_norm);
+  add_linear(q_a);
+  add(q_a_norm);
+  add_linear(q_b);
+  add_linear(kv_a);
+  add(kv_a_norm);
+  add(kv_b);
+  add_linear(o);
+  return out;
+}
 
 // ---- GQA ---------------------------------------------------------------------------
 
 GqaAttention::GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& k, DType dt, int r,
                            int tp) {
-  check_heads("attention heads", cfg.n_heads, tp);
-  check_heads("key/value heads", cfg.n_kv_heads, tp);
+  const AttentionReads rd = attention_reads(cfg, k, r, tp);
   n_heads_ = cfg.n_heads / tp;
   n_kv_ = cfg.n_kv_heads / tp;
   head_dim_ = cfg.head_dim;
@@ -71,15 +133,13 @@ GqaAttention::GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const A
   RopeConfig rc = cfg.rope;
   rc.dim = head_dim_;
   rope_ = Rope(rc);
-  const int64_t H = cfg.hidden_size, hd = head_dim_;
-  const ShardSpec col{Split::Column, r, tp}, row{Split::Row, r, tp};
-  q_ = load_linear(ck, k.q, cfg.n_heads * hd, H, dt, col);
-  k_ = load_linear(ck, k.k, cfg.n_kv_heads * hd, H, dt, col);
-  v_ = load_linear(ck, k.v, cfg.n_kv_heads * hd, H, dt, col);
-  o_ = load_linear(ck, k.o, H, cfg.n_heads * hd, dt, row);
-  if (!k.q_norm.empty()) {
-    q_norm_ = load_norm(ck, k.q_norm, hd);
-    k_norm_ = load_norm(ck, k.k_norm, hd);
+  q_ = load_linear(ck, *rd.q, dt);
+  k_ = load_linear(ck, *rd.k, dt);
+  v_ = load_linear(ck, *rd.v, dt);
+  o_ = load_linear(ck, rd.o, dt);
+  if (rd.q_norm) {
+    q_norm_ = load_f32(ck, *rd.q_norm);
+    k_norm_ = load_f32(ck, *rd.k_norm);
   }
 }
 
@@ -125,7 +185,7 @@ void GqaAttention::forward(const AttnContext& c, const float* x, float* out, Att
 
 MlaAttention::MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& k, DType dt, int r,
                            int tp) {
-  check_heads("attention heads", cfg.n_heads, tp);
+  const AttentionReads rd = attention_reads(cfg, k, r, tp);
   n_heads_ = cfg.n_heads / tp;
   q_lora_ = cfg.q_lora_rank;
   kv_lora_ = cfg.kv_lora_rank;
@@ -137,19 +197,16 @@ MlaAttention::MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const A
   RopeConfig rc = cfg.rope;
   rc.dim = rope_dim_;
   rope_ = Rope(rc);
-  const int64_t H = cfg.hidden_size, nh = cfg.n_heads, qk = nope_ + rope_dim_;
-  const ShardSpec col{Split::Column, r, tp}, row{Split::Row, r, tp};
-  if (q_lora_ > 0) {
-    q_a_ = load_linear(ck, k.q_a, q_lora_, H, dt);
-    q_a_norm_ = load_norm(ck, k.q_a_norm, q_lora_);
-    q_b_ = load_linear(ck, k.q_b, nh * qk, q_lora_, dt, col);
+  if (rd.q_a) {
+    q_a_ = load_linear(ck, *rd.q_a, dt);
+    q_a_norm_ = load_f32(ck, *rd.q_a_norm);
+    q_b_ = load_linear(ck, *rd.q_b, dt);
   } else {
-    q_ = load_linear(ck, k.q, nh * qk, H, dt, col);
+    q_ = load_linear(ck, *rd.q, dt);
   }
-  kv_a_ = load_linear(ck, k.kv_a, kv_lora_ + rope_dim_, H, dt);
-  kv_a_norm_ = load_norm(ck, k.kv_a_norm, kv_lora_);
-  // kv_b_proj [nh*(nope+v), kv_lora]: per head nope rows of W_UK then v rows of W_UV.
-  Tensor kv_b = load_slice_f32(ck, k.kv_b + ".weight", {nh * (nope_ + v_dim_), kv_lora_}, col);
+  kv_a_ = load_linear(ck, *rd.kv_a, dt);
+  kv_a_norm_ = load_f32(ck, *rd.kv_a_norm);
+  Tensor kv_b = load_f32(ck, *rd.kv_b);  // this rank's heads: [n_heads*(nope+v), kv_lora]
   if (dt == DType::BF16)  // the bf16 engine holds bf16 weights: round them the same way
     for (int64_t i = 0; i < kv_b.numel(); ++i) kv_b.data<float>()[i] = round_bf16(kv_b.data<float>()[i]);
   w_uk_ = Tensor::empty({n_heads_, nope_, kv_lora_}, DType::F32);
@@ -159,7 +216,7 @@ MlaAttention::MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const A
     std::memcpy(w_uk_.data<float>() + h * nope_ * kv_lora_, src, nope_ * kv_lora_ * sizeof(float));
     std::memcpy(w_uv_.data<float>() + h * v_dim_ * kv_lora_, src + nope_ * kv_lora_, v_dim_ * kv_lora_ * sizeof(float));
   }
-  o_ = load_linear(ck, k.o, H, nh * v_dim_, dt, row);
+  o_ = load_linear(ck, rd.o, dt);
 }
 
 void MlaAttention::forward(const AttnContext& c, const float* x, float* out, AttnScratch& s) const {

@@ -17,7 +17,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "loader/checkpoint.h"
 #include "model/batch.h"
@@ -29,13 +31,32 @@ namespace moe {
 
 // Checkpoint key prefixes of one layer's attention (without ".weight").
 struct AttentionKeys {
+  int64_t layer = -1;
   // GQA
   std::string q, k, v, o;
   std::string q_norm, k_norm;  // empty: none
   // MLA
   std::string q_a, q_a_norm, q_b;  // q-LoRA (q_lora_rank > 0); else `q` is q_proj
   std::string kv_a, kv_a_norm, kv_b;
+  // The prefixes above whose nn.Linear has a bias (as transformers builds the family's
+  // module: Qwen2-MoE q/k/v, Qwen3-MoE all four with attention_bias, ...).
+  std::vector<std::string> biased;
+  bool has_bias(const std::string& prefix) const;
 };
+
+// Every tensor one layer's attention reads on TP rank `tp_rank` of `tp`, by what it is
+// for (names from AttentionKeys, shapes from the config, the TP ShardRules of the file
+// comment). The constructors below load exactly these; model_reads lists them.
+struct AttentionReads {
+  std::optional<LinearRead> q, k, v;             // GQA; MLA: q_proj without q-LoRA
+  LinearRead o;
+  std::optional<TensorRead> q_norm, k_norm;      // GQA with per-head q/k norm
+  std::optional<LinearRead> q_a, q_b, kv_a;      // MLA
+  std::optional<TensorRead> q_a_norm, kv_a_norm, kv_b;
+  std::vector<TensorRead> all() const;           // every one, in load order
+};
+// Throws if tp does not divide the heads.
+AttentionReads attention_reads(const ModelConfig& cfg, const AttentionKeys& keys, int tp_rank, int tp);
 
 struct AttnScratch {
   LinearScratch lin;

@@ -7,42 +7,26 @@
 
 namespace moe {
 
-Tensor load_f32(const Checkpoint& ck, const std::string& key, const Shape& shape) {
-  const TensorInfo& info = ck.info(key);
-  MOE_CHECK(info.shape == shape, "tensor '{}' in {} has shape {}, expected {}", key, ck.file_of(key),
-            shape_str(info.shape), shape_str(shape));
-  return ck.view(key).to(DType::F32);
+LinearRead linear_read(const std::string& prefix, int64_t out, int64_t in, bool bias, const ShardSpec& s,
+                       int64_t layer) {
+  ShardRule w_rule, b_rule;  // replicated unless split
+  if (s.split == Split::Column) {
+    w_rule = ShardRule::column();
+    b_rule = ShardRule::column();
+  } else if (s.split == Split::Row) {
+    w_rule = ShardRule::row();
+    b_rule = ShardRule::row_bias();  // rank 0 adds it; the all-reduce sums it once
+  }
+  LinearRead r{{prefix + ".weight", {out, in}, w_rule, s.rank, s.size, layer}, std::nullopt};
+  if (bias) r.bias = TensorRead{prefix + ".bias", {out}, b_rule, s.rank, s.size, layer};
+  return r;
 }
 
-Tensor load_slice_f32(const Checkpoint& ck, const std::string& key, const Shape& full, const ShardSpec& s) {
-  if (s.split == Split::None || s.size == 1) return load_f32(ck, key, full);
-  const TensorInfo& info = ck.info(key);
-  MOE_CHECK(info.shape == full, "tensor '{}' in {} has shape {}, expected {}", key, ck.file_of(key),
-            shape_str(info.shape), shape_str(full));
-  const Tensor v = ck.view(key);
-  if (full.size() == 1) {  // a bias
-    if (s.split == Split::Row) {
-      // Row-parallel bias: added once, by rank 0, so that the all-reduce adds it exactly once.
-      return s.rank == 0 ? v.to(DType::F32) : Tensor::zeros(full, DType::F32);
-    }
-    MOE_CHECK(full[0] % s.size == 0, "tensor '{}': size {} does not divide by {} ranks", key, full[0], s.size);
-    const int64_t n = full[0] / s.size;
-    return v.slice_rows(s.rank * n, (s.rank + 1) * n).to(DType::F32);
-  }
-  MOE_CHECK(full.size() == 2, "tensor '{}': expected a 2-D weight, got {}", key, shape_str(full));
-  if (s.split == Split::Column) {
-    MOE_CHECK(full[0] % s.size == 0, "tensor '{}': {} output rows do not divide by {} ranks", key, full[0], s.size);
-    const int64_t n = full[0] / s.size;
-    return v.slice_rows(s.rank * n, (s.rank + 1) * n).to(DType::F32);
-  }
-  MOE_CHECK(full[1] % s.size == 0, "tensor '{}': {} input columns do not divide by {} ranks", key, full[1], s.size);
-  const int64_t rows = full[0], cols = full[1] / s.size, c0 = s.rank * cols;
-  const Tensor f = v.to(DType::F32);
-  Tensor out = Tensor::empty({rows, cols}, DType::F32);
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(out.data<float>() + r * cols, f.data<float>() + r * full[1] + c0, cols * sizeof(float));
-  return out;
+TensorRead norm_read(const std::string& prefix, int64_t n, int64_t layer) {
+  return {prefix + ".weight", {n}, ShardRule::replicated(), 0, 1, layer};
 }
+
+Tensor load_f32(const Checkpoint& ck, const TensorRead& r) { return load_sharded(ck, r, DType::F32); }
 
 Linear make_linear(const Tensor& w, DType compute, const Tensor& bias) {
   MOE_CHECK(w.ndim() == 2, "linear weight must be 2-D, got {}", w.describe());
@@ -53,12 +37,8 @@ Linear make_linear(const Tensor& w, DType compute, const Tensor& bias) {
   return l;
 }
 
-Linear load_linear(const Checkpoint& ck, const std::string& prefix, int64_t out, int64_t in, DType compute,
-                   const ShardSpec& s) {
-  const Tensor w = load_slice_f32(ck, prefix + ".weight", {out, in}, s);
-  Tensor b;
-  if (ck.has(prefix + ".bias")) b = load_slice_f32(ck, prefix + ".bias", {out}, s);
-  return make_linear(w, compute, b);
+Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute) {
+  return make_linear(load_f32(ck, r.weight), compute, r.bias ? load_f32(ck, *r.bias) : Tensor());
 }
 
 void linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s, int64_t ldx,

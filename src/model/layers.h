@@ -1,6 +1,11 @@
 // Decoder building blocks: weight loading with tensor-parallel slicing, dense
 // projections (nn.Linear), RMSNorm, token embedding and rotary embeddings.
 //
+// Weights are described before they are loaded (TensorRead / LinearRead: key, shape,
+// ShardRule), and loaded through load_sharded, so a TP rank reads only its slice's
+// bytes and the same descriptions give `moe-ep inspect` its checks and read plan
+// (model/weights.h).
+//
 // Activations are f32 everywhere between blocks. In bf16 mode the weights are
 // packed as bf16 and a projection's input is rounded to bf16 right before its GEMM
 // (f32 accumulation), which is what the grouped GEMM reads.
@@ -12,12 +17,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 #include "kernels/grouped_gemm.h"
 #include "loader/checkpoint.h"
+#include "loader/shard.h"
 #include "model/model_config.h"
 
 namespace moe {
@@ -35,10 +42,21 @@ struct ShardSpec {
   int size = 1;
 };
 
-// The whole tensor `key` as f32, checked to have `shape` (error names key, file, shapes).
-Tensor load_f32(const Checkpoint& ck, const std::string& key, const Shape& shape);
-// This rank's slice of a 2-D [out, in] (or 1-D [out]) tensor, as an owned f32 copy.
-Tensor load_slice_f32(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardSpec& s);
+// The reads of one nn.Linear: "<prefix>.weight" [out, in] and, when the module has
+// one, "<prefix>.bias" [out], each with the ShardRule of `s` (column: both sliced on
+// the output dim; row: the weight on the input dim, the bias added once).
+struct LinearRead {
+  TensorRead weight;
+  std::optional<TensorRead> bias;
+};
+LinearRead linear_read(const std::string& prefix, int64_t out, int64_t in, bool bias, const ShardSpec& s = {},
+                       int64_t layer = -1);
+// "<prefix>.weight" [n], replicated: an RMSNorm's weight.
+TensorRead norm_read(const std::string& prefix, int64_t n, int64_t layer = -1);
+
+// This rank's slice of r.key as an owned f32 copy (errors name the key, the file and
+// both shapes); only the slice's bytes are read.
+Tensor load_f32(const Checkpoint& ck, const TensorRead& r);
 
 struct Linear {
   PackedExperts w;  // 1 x [out_local, in_local], compute dtype (f32 or bf16)
@@ -47,9 +65,7 @@ struct Linear {
   int64_t n_in() const { return w.k; }
 };
 
-// Loads "<prefix>.weight" [out, in] (and "<prefix>.bias" [out] when the checkpoint has it).
-Linear load_linear(const Checkpoint& ck, const std::string& prefix, int64_t out, int64_t in, DType compute,
-                   const ShardSpec& s = {});
+Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute);
 // Packs an f32 [out, in] matrix (tests, tied lm_head).
 Linear make_linear(const Tensor& w_f32, DType compute, const Tensor& bias = {});
 

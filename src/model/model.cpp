@@ -11,6 +11,7 @@
 #include "loader/checkpoint.h"
 #include "loader/moe_weights.h"
 #include "model/registry.h"
+#include "model/weights.h"
 #include "moe/placement.h"
 
 namespace moe {
@@ -54,7 +55,6 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   }
   read_generation_config(dir, m->cfg_);
   const ModelConfig& c = m->cfg_;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
 
   // Parallel layout.
   const bool multi = opt.world && opt.world->size() > 1;
@@ -85,18 +85,13 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
               tp, c.n_heads, c.n_kv_heads);
   }
 
-  const ModelKeys keys;
-  m->embed_ = ck.view(keys.embed + ".weight");
-  MOE_CHECK(m->embed_.shape() == Shape({V, H}), "tensor '{}.weight' in {} has shape {}, expected {}", keys.embed,
-            ck.file_of(keys.embed + ".weight"), shape_str(m->embed_.shape()), shape_str({V, H}));
-  m->final_norm_ = load_f32(ck, keys.final_norm + ".weight", {H});
-  if (c.tie_embeddings || !ck.has(keys.lm_head + ".weight")) {
-    MOE_CHECK(c.tie_embeddings, "tensor '{}.weight' not found in checkpoint {} (and tie_word_embeddings is false)",
-              keys.lm_head, dir);
+  // The weights outside the MLP blocks, as model/weights.h describes them.
+  m->embed_ = load_sharded(ck, embed_read(c));  // a view of the mapping: rows are converted per token
+  m->final_norm_ = load_f32(ck, final_norm_read(c));
+  if (const auto lm = lm_head_read(c))
+    m->lm_head_ = load_linear(ck, *lm, opt.dtype);
+  else  // tie_word_embeddings
     m->lm_head_ = make_linear(m->embed_.to(DType::F32), opt.dtype);
-  } else {
-    m->lm_head_ = load_linear(ck, keys.lm_head, V, H, opt.dtype);
-  }
   m->rope_ = Rope(c.rope);
 
   const FamilyHooks& fam = find_family(c.model_type);
@@ -105,8 +100,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   m->expert_load_.assign(c.n_layers, {});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     DecoderLayer& L = m->layers_[l];
-    L.input_norm = load_f32(ck, keys.input_norm(l) + ".weight", {H});
-    L.post_norm = load_f32(ck, keys.post_attn_norm(l) + ".weight", {H});
+    L.input_norm = load_f32(ck, input_norm_read(c, l));
+    L.post_norm = load_f32(ck, post_attn_norm_read(c, l));
     const AttentionKeys ak = fam.attention_keys(c, l);
     if (c.attention == AttentionKind::Mla)
       L.mla = std::make_unique<MlaAttention>(ck, c, ak, opt.dtype, tp_rank, tp);
@@ -119,6 +114,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     m->expert_load_[l].assign(c.moe.n_experts, 0);
     MlpLoadOptions lo;
     lo.compute = opt.dtype;
+    lo.quantize_w8a8 = opt.quantize_w8a8;
     auto weights = [&] { return opt.moe_weights ? opt.moe_weights(l, lo) : load_moe_layer(ck, c.moe, l, lo); };
     if (!multi) {
       L.moe = std::make_unique<MoeLayer>(c.moe, weights());

@@ -36,6 +36,13 @@ namespace moe {
 
 struct ModelOptions {
   DType dtype = DType::F32;  // weights: f32 or bf16 (f32 activations and accumulation)
+  // --quantize w8a8: the routed experts of every MoE layer become W8A8 int8
+  // (MlpLoadOptions::quantize_w8a8: per-output-channel weight scales, per-token dynamic
+  // activation scales, smooth = 1); the router stays f32, and the shared experts, dense
+  // MLPs, attention, embedding and lm_head stay in `dtype`. Under MoE-TP each rank quantises its I slice
+  // (W2's channel scales and GEMM2's activation scales cover that slice only), so the
+  // result is close to, not bitwise equal to, the one-rank W8A8 model.
+  bool quantize_w8a8 = false;
   int64_t n_slots = 1;       // sequences the KV cache holds
   int64_t max_seq = 0;       // positions per sequence (0: max_position_embeddings)
   Communicator* world = nullptr;  // nullptr or size 1: one rank; must outlive the model

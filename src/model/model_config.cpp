@@ -137,6 +137,20 @@ std::vector<float> rope_inv_freq(const RopeConfig& r, double* attention_factor) 
 void ModelConfig::validate() const {
   MOE_CHECK(vocab_size > 0 && hidden_size > 0 && n_layers > 0 && n_heads > 0,
             "config.json: vocab_size, hidden_size, num_hidden_layers and num_attention_heads must be positive");
+  // Upper bounds far above any real model (as MoeConfig's), so the tensor shapes
+  // computed from them (heads x head_dim x hidden, vocab x hidden) cannot overflow.
+  auto bounded = [](int64_t v, int64_t limit, const char* what) {
+    MOE_CHECK(v <= limit, "config.json: {} = {} is implausibly large (limit {})", what, v, limit);
+  };
+  bounded(vocab_size, int64_t{1} << 26, "vocab_size");
+  bounded(n_heads, 1 << 16, "num_attention_heads");
+  bounded(n_kv_heads, 1 << 16, "num_key_value_heads");
+  bounded(head_dim, 1 << 16, "head_dim");
+  bounded(q_lora_rank, 1 << 20, "q_lora_rank");
+  bounded(kv_lora_rank, 1 << 20, "kv_lora_rank");
+  bounded(qk_nope_head_dim, 1 << 16, "qk_nope_head_dim");
+  bounded(qk_rope_head_dim, 1 << 16, "qk_rope_head_dim");
+  bounded(v_head_dim, 1 << 16, "v_head_dim");
   if (attention == AttentionKind::Gqa) {
     MOE_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
               "config.json: num_attention_heads {} must be a multiple of num_key_value_heads {}", n_heads, n_kv_heads);

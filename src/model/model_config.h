@@ -47,6 +47,9 @@ struct ModelConfig {
   int64_t max_position = 0;  // max_position_embeddings (informational)
   bool tie_embeddings = false;
   bool qk_norm = false;  // Qwen3: per-head RMSNorm on q and k before RoPE
+  // The family's attention-bias flag (Qwen2-MoE qkv_bias, Qwen3-MoE and DeepSeek
+  // attention_bias); which projections it gives a bias is the family's keys hook.
+  bool attention_bias = false;
   int64_t sliding_window = 0;  // Mixtral: > 0 limits attention; sequences must stay within it
 
   // MLA (DeepSeek): see model/mla.h.

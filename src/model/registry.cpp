@@ -39,9 +39,10 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg) {
   return c;
 }
 
-AttentionKeys gqa_attention_keys(int64_t l, bool qk_norm) {
+AttentionKeys gqa_attention_keys(int64_t l, bool qk_norm, bool qkv_bias, bool o_bias) {
   const std::string p = ModelKeys::layer(l) + ".self_attn.";
   AttentionKeys k;
+  k.layer = l;
   k.q = p + "q_proj";
   k.k = p + "k_proj";
   k.v = p + "v_proj";
@@ -50,7 +51,16 @@ AttentionKeys gqa_attention_keys(int64_t l, bool qk_norm) {
     k.q_norm = p + "q_norm";
     k.k_norm = p + "k_norm";
   }
+  if (qkv_bias) k.biased = {k.q, k.k, k.v};
+  if (o_bias) k.biased.push_back(k.o);
   return k;
+}
+
+bool config_flag(const nlohmann::json& cfg, const char* key, bool dflt) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return dflt;
+  MOE_CHECK(it->is_boolean(), "config.json: field '{}' is {}, expected true or false", key, it->dump());
+  return it->get<bool>();
 }
 
 }  // namespace moe

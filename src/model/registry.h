@@ -48,7 +48,10 @@ const FamilyHooks& find_family(const std::string& model_type);
 // The whole config: common fields, MoeConfig, the family's hparams; validated.
 ModelConfig model_config_from_hf(const nlohmann::json& cfg);
 
-// Shared by the GQA families: model.layers.L.self_attn.{q,k,v,o}_proj.
-AttentionKeys gqa_attention_keys(int64_t l, bool qk_norm);
+// Shared by the GQA families: model.layers.L.self_attn.{q,k,v,o}_proj, with a bias on
+// q/k/v and on o as the family's module has them.
+AttentionKeys gqa_attention_keys(int64_t l, bool qk_norm, bool qkv_bias = false, bool o_bias = false);
+// config.json's boolean `key`, `dflt` when absent or null; anything else is an error naming it.
+bool config_flag(const nlohmann::json& cfg, const char* key, bool dflt);
 
 }  // namespace moe

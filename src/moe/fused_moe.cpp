@@ -24,7 +24,7 @@ void run_experts(const ExpertsParams& p, MoeScratch& s) {
   // makes GEMM2's Q8 rows. A row's scale needs the max over the whole row, but GEMM1's
   // tasks split a row's columns over panels (threads); the separate pass costs one
   // read of rows x I floats (small next to GEMM1) and keeps the kernels batch-invariant.
-  Tensor& inter = MoeScratch::ensure(s.inter, rows, I, q8 ? DType::F32 : p.w2->dtype);
+  Tensor& inter = MoeScratch::ensure(s.inter, rows, I, q8 ? DType::F32 : p.w2->act_dtype());
 
   GroupedGemmParams g1;
   g1.w = p.w13;
@@ -32,7 +32,7 @@ void run_experts(const ExpertsParams& p, MoeScratch& s) {
   g1.lda = q8 ? q8_row_bytes(p.w13->k) : p.w13->k;
   g1.offsets = p.offsets;
   g1.c = inter.raw();
-  g1.c_dtype = q8 ? DType::F32 : p.w2->dtype;
+  g1.c_dtype = q8 ? DType::F32 : p.w2->act_dtype();
   g1.ldc = I;
   g1.act = p.act;
   grouped_gemm(g1);
@@ -48,6 +48,7 @@ void run_experts(const ExpertsParams& p, MoeScratch& s) {
     qp.offsets = p.offsets;
     qp.n_experts = p.w2->n_experts;
     qp.smooth = p.w2->smooth.defined() ? p.w2->smooth.data<float>() : nullptr;
+    qp.static_scale = p.w2->act_scale.defined() ? p.w2->act_scale.data<float>() : nullptr;
     qp.dst = iq.raw();
     qp.ld_dst = q8_row_bytes(I);
     quantize_rows_q8(qp);
@@ -69,7 +70,7 @@ void run_gated_mlp(const GatedMlpWeights& w, const Tensor& x, float* y, MoeScrat
   const int64_t T = x.dim(0), H = x.dim(1);
   MOE_CHECK(H == w.w13.k, "MLP input has hidden size {}, expected {}", H, w.w13.k);
   if (T == 0) return;
-  const DType ct = w.w13.dtype;
+  const DType ct = w.w13.act_dtype();
   const void* a = x.raw();
   if (ct == DType::I8) {
     Tensor& buf = MoeScratch::ensure(s.a, T, q8_row_bytes(H), DType::I8);
@@ -80,6 +81,7 @@ void run_gated_mlp(const GatedMlpWeights& w, const Tensor& x, float* y, MoeScrat
     qp.rows = T;
     qp.k = H;
     qp.smooth = w.w13.smooth.defined() ? w.w13.smooth.data<float>() : nullptr;
+    qp.static_scale = w.w13.act_scale.defined() ? w.w13.act_scale.data<float>() : nullptr;
     qp.dst = buf.raw();
     qp.ld_dst = q8_row_bytes(H);
     quantize_rows_q8(qp);
@@ -138,6 +140,31 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, MoeLayerWeights weights) : cfg_(cfg), w
     const float* s0 = w_.smooth_all.data<float>();
     for (int64_t i = 0; i < E * H && smooth_uniform_; ++i) smooth_uniform_ = s0[i] == s0[i % H];
   }
+  // Static activation scales: GEMM1's of all experts on every rank (as smooth vectors),
+  // GEMM2's of the local experts; a table with a hole (0: never set) is an error.
+  MOE_CHECK((!w_.act_scale_all.defined() && !w_.w13.act_scale.defined() && !w_.w2.act_scale.defined()) ||
+                quantized(),
+            "static activation scales given for {} (not W8A8) experts", dtype_name(compute_dtype()));
+  MOE_CHECK(w_.act_scale_all.defined() == w_.w13.act_scale.defined(),
+            "W8A8: static GEMM1 activation scales must be given for the local experts and for all {} experts "
+            "(act_scale_all), or for neither",
+            E);
+  if (w_.act_scale_all.defined()) {
+    MOE_CHECK(w_.act_scale_all.dtype() == DType::F32 && w_.act_scale_all.numel() == E,
+              "W8A8: act_scale_all must be f32 [{}], got {}", E, w_.act_scale_all.describe());
+    const float* all = w_.act_scale_all.data<float>();
+    for (int64_t e = 0; e < E; ++e)
+      MOE_CHECK(std::isfinite(all[e]) && all[e] > 0.0f, "W8A8: static GEMM1 activation scale of expert {} is {}", e,
+                all[e]);
+    for (int64_t e = w_.expert_begin; e < w_.expert_end; ++e)
+      MOE_CHECK(w_.w13.act_scale.data<float>()[e - w_.expert_begin] == all[e],
+                "W8A8: expert {}'s static GEMM1 activation scale differs between its weights and act_scale_all", e);
+    for (int64_t e = 0; e < E && smooth_uniform_; ++e) smooth_uniform_ = all[e] == all[0];
+  }
+  if (w_.w2.act_scale.defined())
+    for (int64_t e = 0; e < w_.n_local(); ++e)
+      MOE_CHECK(w_.w2.act_scale.data<float>()[e] > 0.0f, "W8A8: static GEMM2 activation scale of expert {} not set",
+                w_.expert_begin + e);
 }
 
 size_t MoeLayer::act_row_bytes() const {
@@ -148,11 +175,17 @@ size_t MoeLayer::act_row_bytes() const {
 void MoeLayer::quantize_for_expert(const void* x, DType dtype, int64_t e, void* dst) const {
   const int64_t H = cfg_.hidden_size;
   const float* sm = w_.smooth_all.defined() ? w_.smooth_all.data<float>() + e * H : nullptr;
-  if (dtype == DType::F32) return quantize_row_q8(static_cast<const float*>(x), sm, H, dst);
+  const float* xf = static_cast<const float*>(x);
   thread_local std::vector<float> buf;
-  buf.resize(H);
-  convert_to_f32(x, dtype, buf.data(), H);
-  quantize_row_q8(buf.data(), sm, H, dst);
+  if (dtype != DType::F32) {
+    buf.resize(H);
+    convert_to_f32(x, dtype, buf.data(), H);
+    xf = buf.data();
+  }
+  if (w_.act_scale_all.defined())
+    quantize_row_q8_static(xf, sm, H, w_.act_scale_all.data<float>()[e], dst);
+  else
+    quantize_row_q8(xf, sm, H, dst);
 }
 
 const float* MoeLayer::x_as_f32(const Tensor& x, MoeScratch& s) {
@@ -236,7 +269,8 @@ void MoeLayer::routed_partial(const Tensor& x, const Routing& r, float* y) {
   ep.out = a.raw();
   ep.out_dtype = ct;
   if (quantized())  // expand + smooth + quantise in one pass
-    expand_quantize_q8(ep, w_.w13.smooth.defined() ? w_.w13.smooth.data<float>() : nullptr);
+    expand_quantize_q8(ep, w_.w13.smooth.defined() ? w_.w13.smooth.data<float>() : nullptr,
+                       w_.w13.act_scale.defined() ? w_.w13.act_scale.data<float>() : nullptr);
   else
     expand(ep);
 

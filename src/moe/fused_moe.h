@@ -42,6 +42,10 @@ struct MoeLayerWeights {
   // every rank (the dispatch sender quantises for the destination expert); rows
   // [begin, end) equal w13.smooth. Undefined: all ones (then w13.smooth is too).
   Tensor smooth_all;
+  // W8A8 with static activation scales (calibrated checkpoints): every routed expert's
+  // GEMM1 input step, f32 [E], on every rank for the same reason; entries [begin, end)
+  // equal w13.act_scale. Undefined: dynamic per-token scales (then w13.act_scale is too).
+  Tensor act_scale_all;
   std::optional<GatedMlpWeights> shared;
   Tensor shared_gate;  // f32 [H] (Qwen2-MoE shared_expert_gate) or undefined
 
@@ -88,17 +92,18 @@ class MoeLayer {
 
   const MoeConfig& config() const { return cfg_; }
   const MoeLayerWeights& weights() const { return w_; }
-  DType compute_dtype() const { return w_.w13.dtype; }
+  DType compute_dtype() const { return w_.w13.act_dtype(); }  // FP8 weights: bf16
   // W8A8: the routed experts take Q8 rows (kernels/quant.h) as input.
   bool quantized() const { return w_.w13.dtype == DType::I8; }
   // Bytes of one routed-expert input row: H values in the compute dtype, or a Q8 row.
   size_t act_row_bytes() const;
-  // W8A8: true when every routed expert has the same smooth vector (or none), so one
-  // quantised row of a token serves all its experts; else a token is quantised per
-  // (token, expert) slot.
+  // W8A8: true when every routed expert has the same smooth vector (or none) and the
+  // same static activation scale (or none), so one quantised row of a token serves all
+  // its experts; else a token is quantised per (token, expert) slot.
   bool smooth_uniform() const { return smooth_uniform_; }
   // W8A8: quantises row x [H] (f32, bf16 or f16 of `dtype`) for global expert e into
-  // a Q8 row at dst (act_row_bytes() bytes), exactly as routed_partial's expand does.
+  // a Q8 row at dst (act_row_bytes() bytes), exactly as routed_partial's expand does
+  // (expert e's smooth vector and static scale, if any).
   void quantize_for_expert(const void* x, DType dtype, int64_t e, void* dst) const;
 
   // Gate + routing + gen_idx for x [T, H] (f32 or bf16).

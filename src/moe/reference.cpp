@@ -51,7 +51,7 @@ Tensor gated_mlp_reference(const GatedMlpWeights& w, const Tensor& x) {
   const Tensor w13 = unpack_expert(w.w13, 0), w2 = unpack_expert(w.w2, 0);
   Tensor y = Tensor::zeros({T, H}, DType::F32);
   for (int64_t t = 0; t < T; ++t) {
-    const auto r = mlp_row(w13.data<float>(), w2.data<float>(), H, I, w.act, w.w13.dtype == DType::BF16, row_f32(x, t));
+    const auto r = mlp_row(w13.data<float>(), w2.data<float>(), H, I, w.act, w.w13.act_dtype() == DType::BF16, row_f32(x, t));
     for (int64_t h = 0; h < H; ++h) y.data<float>()[t * H + h] = static_cast<float>(r[h]);
   }
   return y;
@@ -62,7 +62,7 @@ Tensor moe_reference(const MoeConfig& cfg, const MoeLayerWeights& w, const Tenso
                 k = cfg.top_k;
   MOE_CHECK(experts || (w.expert_begin == 0 && w.expert_end == E && w.w13.n == 2 * I),
             "moe_reference needs all experts' full weights (or an ExpertWeightsFn)");
-  const bool bf16 = w.w13.dtype == DType::BF16;
+  const bool bf16 = w.w13.act_dtype() == DType::BF16;
   const Tensor gate = unpack_expert(w.gate, 0);  // [E, H]
   std::vector<float> logits(T * E);
   for (int64_t t = 0; t < T; ++t) {

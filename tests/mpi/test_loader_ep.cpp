@@ -1,9 +1,10 @@
-// Sharded loading across real ranks: with --ep R each rank reads its experts' byte
-// ranges plus the non-expert tensors and nothing else (bytes read <= non-expert +
-// E_l/E of the expert bytes + headers; exactly 1/4 with --ep 4 when 4 divides E), on
-// every fixture and on a generated larger checkpoint that mixes both expert layouts
-// over two shards; and a fused checkpoint sliced by rows gives the same EP layer
-// output, bit for bit, as its per-expert twin.
+// Sharded loading across real ranks: with --ep R (and --ep R/2 --tp 2 when R is even)
+// each rank reads its experts' byte ranges (under MoE-TP only its I slice of each),
+// its TP slice of the attention, the replicated tensors and nothing else (bytes read
+// <= the rank's non-expert bytes + E_l/E of the expert bytes / tp + headers, and
+// exactly what `inspect` plans), on every fixture and on a generated larger
+// checkpoint that mixes both expert layouts over two shards; and a fused checkpoint
+// sliced by rows gives the same EP layer output, bit for bit, as its per-expert twin.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,8 @@
 #include "loader/inventory.h"
 #include "loader/moe_weights.h"
 #include "loader/safetensors.h"
+#include "model/registry.h"
+#include "model/weights.h"
 #include "moe/ep_layer.h"
 #include "moe/placement.h"
 
@@ -32,53 +35,68 @@ struct Bytes {
   uint64_t read = 0, bound = 0, planned = 0;
 };
 
-// Loads this rank's share of every MLP layer (and views every other non-expert
-// tensor once) on a fresh Checkpoint; returns bytes read and the bound.
-Bytes load_share(const std::string& dir, int ep) {
-  const int rank = world().rank();
+// Loads this rank's share of the whole model for --ep ep --tp tp as the model does
+// (loader/inventory.h load_share) on a fresh Checkpoint; returns the bytes read, the
+// bound and the plan.
+Bytes load_rank_share(const std::string& dir, int ep, int tp) {
+  const int rank = world().rank(), ep_rank = rank / tp, tp_rank = rank % tp;
   Checkpoint ck = Checkpoint::open(dir);
-  const MoeConfig cfg = MoeConfig::from_hf(ck.config());
-  const Placement pl = Placement::contiguous(cfg.n_experts, ep, 1);
+  const ModelConfig c = model_config_from_hf(ck.config());
+  const MoeConfig& cfg = c.moe;
+  const Placement pl = Placement::contiguous(cfg.n_experts, ep, tp);
   MlpLoadOptions o;
-  o.expert_begin = pl.begin(rank);
-  o.expert_end = pl.end(rank);
-  std::vector<std::string> read_keys;
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    if (cfg.is_moe_layer(l))
-      load_moe_layer(ck, cfg, l, o);
-    else
-      load_dense_mlp(ck, cfg, l, o);
-  }
-  for (const std::string& k : ck.keys())
-    if (classify_tensor(k) != TensorKind::Experts) ck.view(k);
+  o.expert_begin = pl.begin(ep_rank);
+  o.expert_end = pl.end(ep_rank);
+  o.tp_rank = tp_rank;
+  o.tp_size = tp;
+  const std::vector<TensorRead> non_mlp = model_reads(c, tp_rank, tp);
+  load_share(ck, cfg, non_mlp, o, /*pack=*/true);
   Bytes b;
   b.read = ck.bytes_touched() + ck.header_bytes_opened();
   Checkpoint fresh = Checkpoint::open(dir);
   const Inventory inv = take_inventory(fresh);
   const uint64_t experts = inv.kinds.count(TensorKind::Experts) ? inv.kinds.at(TensorKind::Experts).bytes : 0;
-  b.bound = inv.non_expert_bytes() + experts * static_cast<uint64_t>(pl.n_local(rank)) / cfg.n_experts + inv.header_bytes;
-  b.planned = read_plan(fresh, cfg, inv, ep, 1, DType::F32)[rank].read_bytes();
+  // Non-expert: what this TP rank reads outside the MLP blocks plus the MLP blocks'
+  // replicated tensors (routers, shared experts, dense MLPs).
+  uint64_t non_expert = 0;
+  for (const TensorRead& r : non_mlp) non_expert += read_bytes(fresh, r);
+  for (const auto& [kind, t] : inv.kinds)
+    if (kind == TensorKind::Router || kind == TensorKind::SharedExperts || kind == TensorKind::DenseMlp)
+      non_expert += t.bytes;
+  b.bound = non_expert + experts * static_cast<uint64_t>(pl.n_local(ep_rank)) / cfg.n_experts / tp + inv.header_bytes;
+  b.planned = read_plan(fresh, cfg, inv, ep, tp, DType::F32,
+                        [&](int t, int n) { return model_reads(c, t, n); })[rank]
+                  .read_bytes();
   return b;
 }
 
-TEST(LoaderEp, EachRankReadsOnlyItsExpertsOnEveryFixture) {
+// The layouts of R ranks: --ep R, and --ep R/2 --tp 2 when R is even.
+std::vector<std::pair<int, int>> layouts() {
   const int R = world().size();
+  std::vector<std::pair<int, int>> out = {{R, 1}};
+  if (R % 2 == 0) out.push_back({R / 2, 2});
+  return out;
+}
+
+TEST(LoaderEp, EachRankReadsOnlyItsExpertsOnEveryFixture) {
   std::ifstream in(std::string(MOE_FIXTURES_DIR) + "/manifest.json");
   const nlohmann::json m = nlohmann::json::parse(in);
   for (const auto& f : m) {
     const std::string dir = std::string(MOE_FIXTURES_DIR) + "/" + f["name"].get<std::string>();
-    if (f["n_experts"].get<int>() < R) continue;
-    SCOPED_TRACE(dir);
-    const Bytes b = load_share(dir, R);
-    EXPECT_LE(b.read, b.bound);
-    EXPECT_EQ(b.read, b.planned);  // `inspect` predicts exactly what the loader reads
+    for (const auto& [ep, tp] : layouts()) {
+      if (f["n_experts"].get<int>() < ep) continue;
+      SCOPED_TRACE(fmt::format("{} --ep {} --tp {}", dir, ep, tp));
+      const Bytes b = load_rank_share(dir, ep, tp);
+      EXPECT_LE(b.read, b.bound);
+      EXPECT_EQ(b.read, b.planned);  // `inspect` predicts exactly what the loader reads
+    }
   }
 }
 
 // A qwen3_moe checkpoint of 4 MoE layers, E = 16, bf16, over 2 shards with an index:
-// layers 0 and 1 per-expert, layers 2 and 3 stacked (fused).
+// layers 0 and 1 per-expert, layers 2 and 3 stacked (fused). 4 attention heads of 64.
 void write_generated(const std::string& dir) {
-  const int64_t H = 256, I = 128, E = 16, L = 4, V = 512;
+  const int64_t H = 256, I = 128, E = 16, L = 4, V = 512, heads = 4, hd = H / heads;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 0.05f);
   auto rnd = [&](const Shape& s, DType dt) {
@@ -100,6 +118,7 @@ void write_generated(const std::string& dir) {
     const std::string p = fmt::format("model.layers.{}.", l);
     for (const char* a : {"q_proj", "k_proj", "v_proj", "o_proj"})
       add(s, p + "self_attn." + a + ".weight", rnd({H, H}, DType::BF16));
+    for (const char* n : {"q_norm", "k_norm"}) add(s, p + "self_attn." + n + ".weight", rnd({hd}, DType::BF16));
     add(s, p + "input_layernorm.weight", rnd({H}, DType::BF16));
     add(s, p + "post_attention_layernorm.weight", rnd({H}, DType::BF16));
     add(s, p + "mlp.gate.weight", rnd({E, H}, DType::BF16));
@@ -125,6 +144,8 @@ void write_generated(const std::string& dir) {
                                                         {"num_experts_per_tok", 2},
                                                         {"moe_intermediate_size", I},
                                                         {"intermediate_size", 512},
+                                                        {"num_attention_heads", heads},
+                                                        {"vocab_size", V},
                                                         {"norm_topk_prob", true}}
                                                            .dump();
 }
@@ -140,14 +161,18 @@ TEST(LoaderEp, GeneratedShardedCheckpointMixedLayoutsQuarterOfExpertBytes) {
     std::snprintf(path, sizeof path, "%s", tmpl.c_str());
   }
   world().broadcast(path, sizeof path, 0);
-  const Bytes b = load_share(path, R);
-  EXPECT_LE(b.read, b.bound);
-  EXPECT_EQ(b.read, b.planned);
-  if (16 % R == 0) {
-    Checkpoint ck = Checkpoint::open(path);
-    const Inventory inv = take_inventory(ck);
-    // The bound: non-expert bytes + a quarter (1/R) of the expert bytes + headers.
-    EXPECT_LE(b.read, inv.non_expert_bytes() + inv.kinds.at(TensorKind::Experts).bytes / R + inv.header_bytes);
+  for (const auto& [ep, tp] : layouts()) {
+    SCOPED_TRACE(fmt::format("--ep {} --tp {}", ep, tp));
+    const Bytes b = load_rank_share(path, ep, tp);
+    EXPECT_LE(b.read, b.bound);
+    EXPECT_EQ(b.read, b.planned);
+    if (16 % R == 0) {
+      Checkpoint ck = Checkpoint::open(path);
+      const Inventory inv = take_inventory(ck);
+      // The bound: non-expert bytes + 1/R of the expert bytes (1/ep of the
+      // experts, 1/tp of each) + headers.
+      EXPECT_LE(b.read, inv.non_expert_bytes() + inv.kinds.at(TensorKind::Experts).bytes / R + inv.header_bytes);
+    }
   }
   world().barrier();
   if (world().rank() == 0) fs::remove_all(path);

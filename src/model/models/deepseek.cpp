@@ -22,6 +22,7 @@ int64_t get_dim(const nlohmann::json& cfg, const char* key, int64_t dflt) {
 
 void mla_hparams(const nlohmann::json& cfg, ModelConfig& c, bool interleave) {
   c.attention = AttentionKind::Mla;
+  c.attention_bias = config_flag(cfg, "attention_bias", false);
   c.q_lora_rank = get_dim(cfg, "q_lora_rank", 0);
   c.kv_lora_rank = get_dim(cfg, "kv_lora_rank", 0);
   c.qk_nope_head_dim = get_dim(cfg, "qk_nope_head_dim", 0);
@@ -44,6 +45,7 @@ void v3_hparams(const nlohmann::json& cfg, ModelConfig& c) {
 AttentionKeys keys(const ModelConfig& c, int64_t l) {
   const std::string p = ModelKeys::layer(l) + ".self_attn.";
   AttentionKeys k;
+  k.layer = l;
   if (c.q_lora_rank > 0) {
     k.q_a = p + "q_a_proj";
     k.q_a_norm = p + "q_a_layernorm";
@@ -55,6 +57,13 @@ AttentionKeys keys(const ModelConfig& c, int64_t l) {
   k.kv_a_norm = p + "kv_a_layernorm";
   k.kv_b = p + "kv_b_proj";
   k.o = p + "o_proj";
+  // attention_bias: the projections from the hidden state through q-LoRA / the latent,
+  // and o_proj (q_proj, q_b_proj and kv_b_proj never have one).
+  if (c.attention_bias) {
+    if (c.q_lora_rank > 0) k.biased.push_back(k.q_a);
+    k.biased.push_back(k.kv_a);
+    k.biased.push_back(k.o);
+  }
   return k;
 }
 

@@ -11,12 +11,13 @@ namespace {
 
 void hparams(const nlohmann::json& cfg, ModelConfig& c) {
   c.attention = AttentionKind::Gqa;
+  c.attention_bias = config_flag(cfg, "qkv_bias", true);  // transformers' default: Qwen2 always had them
   c.rope.interleaved = false;
   MOE_CHECK(!cfg.value("use_sliding_window", false), "config.json: use_sliding_window=true is not supported");
 }
 
-// The q/k/v biases are loaded because the checkpoint has them (qkv_bias).
-AttentionKeys keys(const ModelConfig&, int64_t l) { return gqa_attention_keys(l, false); }
+// q/k/v have a bias (qkv_bias), o_proj never.
+AttentionKeys keys(const ModelConfig& c, int64_t l) { return gqa_attention_keys(l, false, c.attention_bias, false); }
 
 }  // namespace
 

@@ -12,11 +12,15 @@ namespace {
 void hparams(const nlohmann::json& cfg, ModelConfig& c) {
   c.attention = AttentionKind::Gqa;
   c.qk_norm = true;
+  c.attention_bias = config_flag(cfg, "attention_bias", false);
   c.rope.interleaved = false;
   MOE_CHECK(!cfg.value("use_sliding_window", false), "config.json: use_sliding_window=true is not supported");
 }
 
-AttentionKeys keys(const ModelConfig&, int64_t l) { return gqa_attention_keys(l, true); }
+// attention_bias gives all four projections a bias.
+AttentionKeys keys(const ModelConfig& c, int64_t l) {
+  return gqa_attention_keys(l, true, c.attention_bias, c.attention_bias);
+}
 
 }  // namespace
 

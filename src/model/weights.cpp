@@ -1,0 +1,39 @@
+#include "model/weights.h"
+
+#include "model/attention.h"
+#include "model/registry.h"
+
+namespace moe {
+
+TensorRead embed_read(const ModelConfig& c) {
+  return {ModelKeys().embed + ".weight", {c.vocab_size, c.hidden_size}, ShardRule::replicated()};
+}
+
+TensorRead final_norm_read(const ModelConfig& c) { return norm_read(ModelKeys().final_norm, c.hidden_size); }
+
+std::optional<LinearRead> lm_head_read(const ModelConfig& c) {
+  if (c.tie_embeddings) return std::nullopt;
+  return linear_read(ModelKeys().lm_head, c.vocab_size, c.hidden_size, /*bias=*/false);
+}
+
+TensorRead input_norm_read(const ModelConfig& c, int64_t l) {
+  return norm_read(ModelKeys().input_norm(l), c.hidden_size, l);
+}
+
+TensorRead post_attn_norm_read(const ModelConfig& c, int64_t l) {
+  return norm_read(ModelKeys().post_attn_norm(l), c.hidden_size, l);
+}
+
+std::vector<TensorRead> model_reads(const ModelConfig& c, int tp_rank, int tp) {
+  const FamilyHooks& fam = find_family(c.model_type);
+  std::vector<TensorRead> out = {embed_read(c), final_norm_read(c)};
+  if (const auto lm = lm_head_read(c)) out.push_back(lm->weight);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    out.push_back(input_norm_read(c, l));
+    out.push_back(post_attn_norm_read(c, l));
+    for (TensorRead& r : attention_reads(c, fam.attention_keys(c, l), tp_rank, tp).all()) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace moe

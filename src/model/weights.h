@@ -1,0 +1,30 @@
+// Every checkpoint tensor a whole model reads outside its MLP blocks, with the rule
+// that slices it for one TP rank. Model::load loads through these descriptions and
+// `moe-ep inspect` checks and plans with model_reads(), so the two cannot disagree on
+// a name, a shape or a slice. (The MLP blocks have their own list in the loader:
+// loader/moe_weights.h mlp_layer_reads.)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "loader/shard.h"
+#include "model/layers.h"
+#include "model/model_config.h"
+
+namespace moe {
+
+TensorRead embed_read(const ModelConfig& c);       // [V, H], replicated
+TensorRead final_norm_read(const ModelConfig& c);  // [H]
+// [V, H], replicated; none when tie_word_embeddings (the embeddings serve as lm_head).
+std::optional<LinearRead> lm_head_read(const ModelConfig& c);
+TensorRead input_norm_read(const ModelConfig& c, int64_t layer);      // [H]
+TensorRead post_attn_norm_read(const ModelConfig& c, int64_t layer);  // [H]
+
+// All of the above plus every layer's attention (attention_reads) on TP rank
+// `tp_rank` of `tp`, in the order Model::load reads them. Throws if tp does not divide
+// the attention heads.
+std::vector<TensorRead> model_reads(const ModelConfig& c, int tp_rank, int tp);
+
+}  // namespace moe

@@ -1,0 +1,128 @@
+// The model's list of reads (model/weights.h) against the fixtures: it names every
+// tensor outside the MLP blocks that the checkpoints hold, nothing more; a TP rank
+// reads only its slice of the attention, exactly as listed; and `moe-ep inspect`
+// plans exactly the bytes a rank's load reads, for --ep and --tp layouts.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "loader/checkpoint.h"
+#include "loader/inventory.h"
+#include "loader/moe_weights.h"
+#include "model/attention.h"
+#include "model/registry.h"
+#include "model/weights.h"
+#include "test_util.h"
+
+namespace moe {
+namespace {
+
+std::vector<std::string> fixture_dirs() {
+  std::vector<std::string> out;
+  for (const auto& f : test::manifest()) out.push_back(test::fixtures_dir() + "/" + f["name"].get<std::string>());
+  return out;
+}
+
+// The model's reads plus every layer's MLP reads (all experts) cover each key of a
+// clean fixture exactly once, and the checker finds nothing wrong.
+TEST(ModelReads, ListEveryFixtureKeyExactlyOnce) {
+  for (const std::string& dir : fixture_dirs()) {
+    SCOPED_TRACE(dir);
+    const Checkpoint ck = Checkpoint::open(dir);
+    const ModelConfig c = model_config_from_hf(ck.config());
+    const std::vector<TensorRead> non_mlp = model_reads(c, 0, 1);
+    std::multiset<std::string> listed;
+    for (const TensorRead& r : non_mlp) {
+      listed.insert(r.key);
+      ASSERT_TRUE(ck.has(r.key)) << r.key;
+      EXPECT_EQ(ck.info(r.key).shape, r.shape) << r.key;
+    }
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      for (const LayerRead& r : mlp_layer_reads(ck, c.moe, l, {})) listed.insert(r.key);
+    const std::vector<std::string> keys = ck.keys();
+    EXPECT_EQ(listed, std::multiset<std::string>(keys.begin(), keys.end()));
+    const auto problems = check_checkpoint(ck, c.moe, non_mlp);
+    for (const auto& p : problems) ADD_FAILURE() << p.message;
+  }
+}
+
+// Under --tp 2 each rank reads half of every column-/row-parallel attention tensor and
+// the whole of the replicated ones (norms, MLA's kv_a); the row-parallel bias only on
+// rank 0. Building the attention module reads exactly the listed bytes, nothing else.
+TEST(ModelReads, TpRankReadsOnlyItsSliceOfTheAttention) {
+  for (const std::string& dir : fixture_dirs()) {
+    SCOPED_TRACE(dir);
+    const Checkpoint info_ck = Checkpoint::open(dir);
+    const ModelConfig c = model_config_from_hf(info_ck.config());
+    const AttentionKeys keys = find_family(c.model_type).attention_keys(c, 0);
+    std::map<std::string, uint64_t> summed;  // bytes over both ranks, per key
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE(r);
+      const AttentionReads rd = attention_reads(c, keys, r, 2);
+      uint64_t listed = 0;
+      for (const TensorRead& t : rd.all()) {
+        const uint64_t full = info_ck.info(t.key).nbytes, got = read_bytes(info_ck, t);
+        listed += got;
+        summed[t.key] += got;
+        switch (t.rule.kind) {
+          case ShardKind::Replicated: EXPECT_EQ(got, full) << t.key; break;
+          case ShardKind::RowBias: EXPECT_EQ(got, r == 0 ? full : 0) << t.key; break;
+          default: EXPECT_EQ(got, full / 2) << t.key; break;
+        }
+      }
+      const Checkpoint ck = Checkpoint::open(dir);
+      if (c.attention == AttentionKind::Mla)
+        MlaAttention(ck, c, keys, DType::F32, r, 2);
+      else
+        GqaAttention(ck, c, keys, DType::F32, r, 2);
+      EXPECT_EQ(ck.bytes_touched(), listed);
+    }
+    // Between them the two ranks read every sliced byte once.
+    for (const auto& [key, bytes] : summed) {
+      const uint64_t full = info_ck.info(key).nbytes;
+      EXPECT_TRUE(bytes == full || bytes == 2 * full) << key << ": " << bytes << " of " << full;
+    }
+  }
+}
+
+// `inspect --load --all-ranks` loads each rank's share as the model does: the bytes it
+// reads equal the plan on every rank, for EP, TP and both; a TP pair of ranks splits its
+// EP rank's expert bytes exactly in two (MoE-TP reads only the I slice of each expert).
+TEST(ModelReads, InspectPlanIsWhatEachRankReads) {
+  for (const std::string& dir : fixture_dirs()) {
+    SCOPED_TRACE(dir);
+    std::map<std::pair<int, int>, nlohmann::json> runs;
+    for (const auto& [ep, tp] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}, {2, 2}}) {
+      test::TempDir d;
+      std::string log;
+      // Packed as the model loads (load_moe_layer), and once the I/O path alone.
+      const char* no_pack = ep * tp == 4 ? " --no-pack" : "";
+      const int rc = test::run_command(fmt::format("{} inspect --model {} --ep {} --tp {} --load --all-ranks{} --json {}",
+                                                   MOE_EP_BINARY, dir, ep, tp, no_pack, d / "r.json"),
+                                       &log);
+      ASSERT_EQ(rc, 0) << log;
+      EXPECT_NE(log.find("problems: none"), std::string::npos) << log;
+      std::ifstream in(d / "r.json");
+      const nlohmann::json j = nlohmann::json::parse(in);
+      ASSERT_EQ(j["loads"].size(), static_cast<size_t>(ep * tp));
+      for (const auto& l : j["loads"]) EXPECT_EQ(l["bytes_read"], l["planned_bytes"]) << l.dump();
+      runs[{ep, tp}] = j;
+    }
+    for (int ep : {1, 2}) {
+      const auto& one = runs[{ep, 1}]["ranks"];
+      const auto& two = runs[{ep, 2}]["ranks"];
+      for (int e = 0; e < ep; ++e)
+        EXPECT_EQ(two[2 * e]["expert_bytes"].get<uint64_t>() + two[2 * e + 1]["expert_bytes"].get<uint64_t>(),
+                  one[e]["expert_bytes"].get<uint64_t>());
+      // TP halves the sliced attention: a TP rank reads less outside the experts.
+      EXPECT_LT(two[0]["non_expert_bytes"].get<uint64_t>(), one[0]["non_expert_bytes"].get<uint64_t>());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moe
