@@ -109,7 +109,7 @@ TEST(GroupedGemmFp8, PackedValuesAreTheBf16Dequantisation) {
 }
 
 TEST(GroupedGemmFp8, EveryIsaEqualsBf16GemmOnDequantisedWeights) {
-  const std::vector<int64_t> rows = {1, 0, 3, 20, 7};  // decode (<= 4 rows) and prefill tasks
+  const std::vector<int64_t> rows = {1, 0, 3, 20, 7, 4, 2, 5};  // decode (<= 4 rows) and prefill tasks
   for (const Shape8& sh : kShapes) {
     const int64_t E = static_cast<int64_t>(rows.size());
     const auto ex = make_experts(sh, E, 11);

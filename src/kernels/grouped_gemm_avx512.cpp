@@ -14,7 +14,7 @@
 // Epilogue: the gated activation act(gate) * up on the f32 accumulators (gate columns in
 // zmm 0-1, up in zmm 2-3), masked stores for the tail panel, RNE rounding to bf16.
 // FP8 weights (run_task_f8_avx512bf16): the same microkernel on panels dequantised to
-// bf16 by grouped_gemm_fp8_avx512.cpp, whole panels for prefill, L1-sized chunks for decode.
+// bf16 by grouped_gemm_fp8_avx512.cpp for prefill; decode converts in registers.
 
 // GCC 12 reports its own _mm512_undefined_*() self-initialisation inside the intrinsic
 // headers as maybe-uninitialized (a known false positive).
@@ -179,24 +179,35 @@ void run_task(const Job& j, const Task& t) {
   for (int64_t P = t.p0; P < t.p1; ++P) run_panel<KD>(j, t.expert, P, j.w + t.expert * j.expert_stride + P * j.panel_stride);
 }
 
-// FP8, one row block (decode): the panel is dequantised kF8ChunkPairs k pairs at a time
-// into `buf` and each chunk is multiplied while it is still in L1, with the accumulators
-// kept across chunks. Same vdpbf16ps sequence as the bf16 kernel on the whole dequantised
-// panel, so the result is the same bit for bit. 64 pairs = 16 KiB of bf16 (half of Zen4's
-// 32 KiB L1D), and one 128-wide scale block at DeepSeek-V3's block size.
-constexpr int64_t kF8ChunkPairs = 64;
-
+// FP8, one row block (decode): the e4m3 codes are converted to bf16 in registers
+// (f8x32_to_bf16: the values dequant_pairs_f8_avx512bf16 writes) and fed straight to
+// vdpbf16ps in the bf16 kernel's order, so the result equals the bf16 kernel on the
+// dequantised panel bit for bit, without storing and reloading the panel. MR <= 4: 16
+// accumulators + 8 scale vectors + 4 converted operands fit in the 32 zmm.
 template <int MR>
-void f8_decode_block(const Job& j, int64_t expert, int64_t P, char* buf, const char* a0, char* c0, int64_t col0,
-                     int nv) {
-  const int64_t S = (j.k + 1) / 2;
+void f8_decode_block(const Job& j, int64_t expert, int64_t P, const char* a0, char* c0, int64_t col0, int nv) {
+  const char* src = j.w + expert * j.expert_stride + P * j.panel_stride;
+  const float* sc = j.f8_scale + expert * j.f8_scale_stride + P * j.f8_n_kb * 2 * kPanel;
+  const char* ar[MR];
+  for (int r = 0; r < MR; ++r) ar[r] = a0 + r * j.lda_bytes;
   __m512 acc[MR][4];
   for (int r = 0; r < MR; ++r)
     for (int q = 0; q < 4; ++q) acc[r][q] = _mm512_setzero_ps();
-  for (int64_t s0 = 0; s0 < S; s0 += kF8ChunkPairs) {
-    const int64_t s1 = s0 + kF8ChunkPairs < S ? s0 + kF8ChunkPairs : S;
-    dequant_pairs_f8_avx512bf16(j, expert, P, s0, s1, reinterpret_cast<uint16_t*>(buf));
-    microkernel<Kind::Bf16Dp, MR, 0>(j, buf, a0, s0, s1, acc);
+  // FP8 k is a multiple of the (even) block width: no half pair at the end.
+  for (int64_t kb = 0; kb < j.f8_n_kb; ++kb) {
+    __m512 s[8];
+    f8_block_scales(sc, kb, s);
+    for (int64_t p = kb * j.f8_kb_pairs; p < (kb + 1) * j.f8_kb_pairs; ++p) {
+      const char* in = src + p * 2 * kPanel;
+      _mm_prefetch(in + kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(in + kPrefetchBytes + 64, _MM_HINT_T0);
+      __m512i b[4];
+      for (int h = 0; h < 4; ++h) b[h] = f8x32_to_bf16(in + 32 * h, s[2 * h], s[2 * h + 1]);
+      for (int r = 0; r < MR; ++r) {
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(load_u32(ar[r] + 4 * p)));
+        for (int q = 0; q < 4; ++q) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], a, (__m512bh)b[q]);
+      }
+    }
   }
   epilogue<MR>(j, acc, c0, col0, nv);
 }
@@ -208,12 +219,11 @@ void run_task_avx512_bf16emu(const Job& j, const Task& t) { run_task<Kind::Bf16E
 void run_task_avx512bf16(const Job& j, const Task& t) { run_task<Kind::Bf16Dp>(j, t); }
 
 void run_task_f8_avx512bf16(const Job& j, const Task& t, char* buf) {
-  constexpr int kMR = kMaxRows<Kind::Bf16Dp>;
   const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0;
   const int64_t S = (j.k + 1) / 2;
   const int64_t per = j.gated ? kGateCols : kPanel;
   for (int64_t P = t.p0; P < t.p1; ++P) {
-    if (rows > kMR) {  // prefill: dequantise the whole panel once for all row blocks
+    if (rows > 4) {  // prefill: dequantise the whole panel once for all row blocks
       dequant_pairs_f8_avx512bf16(j, t.expert, P, 0, S, reinterpret_cast<uint16_t*>(buf));
       run_panel<Kind::Bf16Dp>(j, t.expert, P, buf);
       continue;
@@ -222,12 +232,10 @@ void run_task_f8_avx512bf16(const Job& j, const Task& t, char* buf) {
     char* c = j.c + r0 * j.ldc_bytes;
     const int nv = valid_cols(j, P);
     switch (rows) {
-      case 1: f8_decode_block<1>(j, t.expert, P, buf, a, c, P * per, nv); break;
-      case 2: f8_decode_block<2>(j, t.expert, P, buf, a, c, P * per, nv); break;
-      case 3: f8_decode_block<3>(j, t.expert, P, buf, a, c, P * per, nv); break;
-      case 4: f8_decode_block<4>(j, t.expert, P, buf, a, c, P * per, nv); break;
-      case 5: f8_decode_block<5>(j, t.expert, P, buf, a, c, P * per, nv); break;
-      default: f8_decode_block<6>(j, t.expert, P, buf, a, c, P * per, nv); break;
+      case 1: f8_decode_block<1>(j, t.expert, P, a, c, P * per, nv); break;
+      case 2: f8_decode_block<2>(j, t.expert, P, a, c, P * per, nv); break;
+      case 3: f8_decode_block<3>(j, t.expert, P, a, c, P * per, nv); break;
+      default: f8_decode_block<4>(j, t.expert, P, a, c, P * per, nv); break;
     }
   }
 }

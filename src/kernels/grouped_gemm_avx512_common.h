@@ -20,6 +20,29 @@ namespace {
 // each 4 KiB page boundary.
 constexpr int kPrefetchBytes = 4096;
 
+// FP8: 32 e4m3 codes (16 columns x 2 k of a panel's k-pair row) -> 32 bf16, each
+// bf16(value * scale) rounded to nearest even; s_lo / s_hi hold the 16 + 16 scales times
+// 2^8. Sign-extending the byte and shifting it left by 7 leaves sign in bit 15 and
+// exponent and mantissa in bits 13..7; clearing bit 14 (a copy of the sign) makes the f16
+// of value * 2^-8 exactly, subnormals included (both formats' subnormals are the
+// mantissa times their smallest exponent, 2^8 apart). vcvtph2ps widens it exactly, the
+// multiply by 2^8 * scale rounds once like value * scale, vcvtne2ps2bf16 rounds like
+// f32_to_bf16. Scales are limited at pack time so no product is subnormal (the convert
+// flushes those).
+inline __m512i f8x32_to_bf16(const char* in, __m512 s_lo, __m512 s_hi) {
+  const __m512i x = _mm512_cvtepi8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(in)));
+  const __m512i f16 = _mm512_and_si512(_mm512_slli_epi16(x, 7), _mm512_set1_epi16(static_cast<short>(0xbfff)));
+  const __m512 lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(f16)), s_lo);
+  const __m512 hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(f16, 1)), s_hi);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// The 128 scales of k block kb of an FP8 panel (64 columns x 2 k), times 2^8.
+inline void f8_block_scales(const float* panel_scales, int64_t kb, __m512 (&s)[8]) {
+  for (int q = 0; q < 8; ++q)
+    s[q] = _mm512_mul_ps(_mm512_loadu_ps(panel_scales + kb * 2 * kPanel + 16 * q), _mm512_set1_ps(256.0f));
+}
+
 struct Avx512Ops {
   using V = __m512;
   static V c(float x) { return _mm512_set1_ps(x); }

@@ -6,8 +6,8 @@
 // the bytes from DRAM, and prefill still runs the bf16 microkernel at full speed because
 // a task dequantises its panel once into a per-thread buffer (ceil(K/2) * 256 bytes:
 // 256 KiB at K = 2048, so it stays in Zen4's 1 MiB L2) and reuses it for all its rows.
-// Decode (one row block) dequantises 16 KiB chunks and multiplies each while it is in L1
-// (run_task_f8_avx512bf16 in grouped_gemm_avx512.cpp).
+// Decode (<= 4 rows) converts the codes in registers and feeds them straight to the dot
+// products (run_task_f8_avx512bf16 in grouped_gemm_avx512.cpp): no panel store/reload.
 // The dequantised values are exactly dequantize_fp8_blocks(..., BF16) (f32 product of the
 // e4m3 value and its block scale, rounded to nearest even), so the layer equals the one
 // with weights dequantised at load, bit for bit.
