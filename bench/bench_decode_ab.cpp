@@ -1,4 +1,5 @@
-// bf16 against int8 (W8A8) routed experts on one MoE layer, call by call in alternation.
+// bf16 against int8 (W8A8) or fp8 (e4m3, dequantised in the GEMM) routed experts on one
+// MoE layer, call by call in alternation.
 //
 // `moe-ep bench --dtype bf16,int8` times the two dtypes one after the other, each for its
 // own seconds; on a shared VM whose read bandwidth drifts by 2x from minute to minute
@@ -11,7 +12,7 @@
 // the same rows. Weight bytes: the touched experts' packed weights (int8 scales and
 // compensation included) and the f32 router.
 //
-//   bench_decode_ab [--shape qwen3-30b-a3b] [--tokens 1,16] [--calls 400] [--threads N]
+//   bench_decode_ab [--shape qwen3-30b-a3b] [--tokens 1,16] [--calls 400] [--threads N] [--other int8|fp8]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -53,7 +54,7 @@ Times time_call(MoeLayer& layer, const Tensor& x, const std::vector<int64_t>& of
   const bool q8 = layer.quantized();
   const int64_t rows = offsets.back(), H = w.w13.k, I = w.w2.k;
   const int64_t lda1 = q8 ? q8_row_bytes(H) : H, lda2 = q8 ? q8_row_bytes(I) : I;
-  const DType in_dt = q8 ? DType::I8 : w.w13.dtype;
+  const DType in_dt = q8 ? DType::I8 : w.w13.act_dtype();
   Tensor& a1 = MoeScratch::ensure(s.a, rows, lda1, in_dt);
   Tensor& a2 = MoeScratch::ensure(s.inter_q, rows, lda2, in_dt);
   Tensor& inter = MoeScratch::ensure(s.inter, rows, I, DType::F32);
@@ -89,17 +90,19 @@ int main(int argc, char** argv) {
   BenchOptions o;
   o.tokens = {1, 16};
   int calls = 400, threads = 0;
+  std::string other = "int8";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
     if (a == "--shape") o.shape = next();
     else if (a == "--calls") calls = std::atoi(next().c_str());
     else if (a == "--threads") threads = std::atoi(next().c_str());
+    else if (a == "--other") other = next();
     else if (a == "--tokens") {
       o.tokens.clear();
       for (const std::string& t : bench::dtype_list(next())) o.tokens.push_back(std::atoll(t.c_str()));
     } else {
-      std::fprintf(stderr, "usage: %s [--shape %s] [--tokens 1,16] [--calls N] [--threads N]\n", argv[0],
+      std::fprintf(stderr, "usage: %s [--shape %s] [--tokens 1,16] [--calls N] [--threads N] [--other int8|fp8]\n", argv[0],
                    bench::shape_names().c_str());
       return 2;
     }
@@ -110,15 +113,21 @@ int main(int argc, char** argv) {
   std::printf("bench_decode_ab: shape %s (H=%ld I=%ld E=%ld k=%ld), %d threads, %d calls per token count\n  cpu: %s\n",
               o.shape.c_str(), long(H), long(cfg.moe_intermediate_size), long(E), long(cfg.top_k), num_threads(),
               calls, cpu_summary().c_str());
+  if (other != "int8" && other != "fp8") {
+    std::fprintf(stderr, "--other must be int8 or fp8, got '%s'\n", other.c_str());
+    return 2;
+  }
   MoeLayer layers[2] = {MoeLayer(cfg, bench::random_layer(cfg, DType::BF16, 0, E)),
-                        MoeLayer(cfg, bench::random_layer(cfg, DType::I8, 0, E))};
-  const char* names[2] = {"bf16", "int8"};
-  // Bytes per expert of W13 and W2: packed weights, plus the int8 scales and compensation.
+                        MoeLayer(cfg, bench::random_layer(cfg, parse_dtype(other), 0, E))};
+  const char* names[2] = {"bf16", other.c_str()};
+  // Bytes per expert of W13 and W2: packed weights, plus the int8 scales and compensation
+  // or the fp8 block scales.
   double w13_bytes[2], w2_bytes[2];
   for (int d = 0; d < 2; ++d) {
     auto bytes = [&](const PackedExperts& p) {
-      const double q = p.w_scale.defined() ? double(p.w_scale.nbytes() + p.w_comp.nbytes()) / E : 0.0;
-      return double(p.bytes_per_expert()) + q;
+      const double q = (p.w_scale.defined() ? double(p.w_scale.nbytes()) : 0.0) +
+                       (p.w_comp.defined() ? double(p.w_comp.nbytes()) : 0.0);
+      return double(p.bytes_per_expert()) + q / E;
     };
     w13_bytes[d] = bytes(layers[d].weights().w13);
     w2_bytes[d] = bytes(layers[d].weights().w2);
@@ -144,7 +153,7 @@ int main(int argc, char** argv) {
     touched /= kPool;
     const double bw_before = measure_read_bandwidth_gbs(size_t(512) << 20, num_threads());
     std::vector<Times> t[2];
-    std::vector<double> ratio[3];  // bf16 time / int8 time of each call: forward, GEMM1, GEMM2
+    std::vector<double> ratio[3];  // bf16 time / other time of each call: forward, GEMM1, GEMM2
     for (int d = 0; d < 2; ++d) time_call(layers[d], xs[0], offs[0], scratch[d]);  // warm-up
     for (int c = 0; c < calls; ++c) {
       const int i = c % kPool;
@@ -177,9 +186,9 @@ int main(int argc, char** argv) {
                   (b13 + b2 + router_bytes) / fwd[d] / 1e9, median(g1) * 1e3, b13 / median(g1) / 1e9,
                   median(g2) * 1e3, b2 / median(g2) / 1e9);
     }
-    std::printf("  int8 speed-up (median of per-call ratios): forward %.2fx, GEMM1 %.2fx, GEMM2 %.2fx; forward, ratio "
+    std::printf("  %s speed-up (median of per-call ratios): forward %.2fx, GEMM1 %.2fx, GEMM2 %.2fx; forward, ratio "
                 "of medians: %.2fx\n",
-                median(ratio[0]), median(ratio[1]), median(ratio[2]), fwd[0] / fwd[1]);
+                names[1], median(ratio[0]), median(ratio[1]), median(ratio[2]), fwd[0] / fwd[1]);
   }
   return 0;
 }

@@ -11,31 +11,13 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "kernels/grouped_gemm.h"
+#include "test_isa.h"
 
 namespace moe {
 namespace {
 
-// Sets an ISA cap for the scope, restores the previous active level on exit.
-class IsaScope {
- public:
-  explicit IsaScope(Isa cap) : prev_(active_isa()) { set_isa_cap(cap); }
-  ~IsaScope() { set_isa_cap(prev_); }
-  IsaScope(const IsaScope&) = delete;
-  IsaScope& operator=(const IsaScope&) = delete;
-
- private:
-  Isa prev_;
-};
-
-// The ISA levels this CPU can run (a cap above the hardware is clamped, so skip those).
-std::vector<Isa> available_isas() {
-  std::vector<Isa> out;
-  for (Isa i : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
-    IsaScope s(i);
-    if (active_isa() == i) out.push_back(i);
-  }
-  return out;
-}
+using test::IsaScope;
+using test::available_isas;
 
 Tensor random_tensor(const Shape& shape, uint32_t seed, float scale = 1.0f) {
   Tensor t = Tensor::empty(shape, DType::F32);

@@ -13,30 +13,14 @@
 #include "core/cpu.h"
 #include "core/tensor.h"
 #include "kernels/grouped_gemm.h"
+#include "test_isa.h"
 #include "kernels/quant.h"
 
 namespace moe {
 namespace {
 
-class IsaScope {
- public:
-  explicit IsaScope(Isa cap) : prev_(active_isa()) { set_isa_cap(cap); }
-  ~IsaScope() { set_isa_cap(prev_); }
-  IsaScope(const IsaScope&) = delete;
-  IsaScope& operator=(const IsaScope&) = delete;
-
- private:
-  Isa prev_;
-};
-
-std::vector<Isa> available_isas() {
-  std::vector<Isa> out;
-  for (Isa i : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
-    IsaScope s(i);
-    if (active_isa() == i) out.push_back(i);
-  }
-  return out;
-}
+using test::IsaScope;
+using test::available_isas;
 
 // Random e4m3 codes over the whole finite range (every code but the two NaNs, so
 // subnormals, +-0 and +-448 all occur).

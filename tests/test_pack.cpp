@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "kernels/grouped_gemm.h"
+#include "test_isa.h"
 #include "loader/checkpoint.h"
 #include "loader/moe_weights.h"
 #include "moe/config.h"
@@ -25,16 +26,7 @@
 namespace moe {
 namespace {
 
-class IsaScope {
- public:
-  explicit IsaScope(Isa cap) : prev_(active_isa()) { set_isa_cap(cap); }
-  ~IsaScope() { set_isa_cap(prev_); }
-  IsaScope(const IsaScope&) = delete;
-  IsaScope& operator=(const IsaScope&) = delete;
-
- private:
-  Isa prev_;
-};
+using test::IsaScope;
 
 // The packers differ only between portable and AVX-512 (pack.cpp dispatches on >= Avx512).
 std::vector<Isa> packer_isas() {

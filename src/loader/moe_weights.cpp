@@ -124,9 +124,12 @@ GatedMlpWeights load_gated(const Checkpoint& ck, const LayerRead& g, const Layer
   return w;
 }
 
-// "model.layers.7.mlp.experts.12.w1.weight" against "...experts.{}.w1.weight": the id.
-bool match_expert(const std::string& pattern, const std::string& key, int64_t* id) {
+
+}  // namespace
+
+bool match_expert_key(const std::string& pattern, const std::string& key, int64_t* id) {
   const size_t ph = pattern.find("{}");
+  if (ph == std::string::npos) return false;
   const std::string head = pattern.substr(0, ph), tail = pattern.substr(ph + 2);
   if (key.size() <= head.size() + tail.size() || !key.starts_with(head) || !key.ends_with(tail)) return false;
   const std::string num = key.substr(head.size(), key.size() - head.size() - tail.size());
@@ -139,8 +142,6 @@ bool match_expert(const std::string& pattern, const std::string& key, int64_t* i
   *id = v;
   return true;
 }
-
-}  // namespace
 
 MlpKeys mlp_keys(const MoeConfig& cfg, int64_t layer, const Checkpoint* ck) {
   MlpKeys k;
@@ -292,8 +293,8 @@ std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeC
     for (const std::string& key : ck.keys_with_prefix(prefix)) {
       if (std::find(known.begin(), known.end(), key) != known.end()) continue;
       int64_t id = -1;
-      if (moe && (match_expert(keys.expert_gate, key, &id) || match_expert(keys.expert_up, key, &id) ||
-                  match_expert(keys.expert_down, key, &id)) &&
+      if (moe && (match_expert_key(keys.expert_gate, key, &id) || match_expert_key(keys.expert_up, key, &id) ||
+                  match_expert_key(keys.expert_down, key, &id)) &&
           id < cfg.n_experts)
         continue;
       if (auto m = match_scale_key(cfg.family, key); m && m->layer == layer) continue;

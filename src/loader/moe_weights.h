@@ -60,6 +60,11 @@ struct MlpKeys {
 // With a checkpoint, picks the spelling that checkpoint uses where a family has two.
 MlpKeys mlp_keys(const MoeConfig& cfg, int64_t layer, const Checkpoint* ck = nullptr);
 
+// `key` against a pattern with one "{}" for a decimal expert id (no leading zeros, at
+// most 12 digits), e.g. "model.layers.7.mlp.experts.12.w1.weight" against
+// "...experts.{}.w1.weight": true and *id = 12.
+bool match_expert_key(const std::string& pattern, const std::string& key, int64_t* id);
+
 // One tensor the loader reads for a layer, with the rule that slices it.
 struct LayerRead {
   std::string key;

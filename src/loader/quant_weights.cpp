@@ -27,22 +27,6 @@ std::string proj_base(const std::string& pattern, int64_t e) {
   return k;
 }
 
-// `key` against a pattern with one "{}" standing for a decimal id (no leading zeros).
-bool match_id(const std::string& pattern, const std::string& key, int64_t* id) {
-  const size_t ph = pattern.find("{}");
-  if (ph == std::string::npos) return false;
-  const std::string head = pattern.substr(0, ph), tail = pattern.substr(ph + 2);
-  if (key.size() <= head.size() + tail.size() || !key.starts_with(head) || !key.ends_with(tail)) return false;
-  const std::string num = key.substr(head.size(), key.size() - head.size() - tail.size());
-  if (num.empty() || num.size() > 12 || (num.size() > 1 && num[0] == '0')) return false;
-  int64_t v = 0;
-  for (char c : num) {
-    if (c < '0' || c > '9') return false;
-    v = v * 10 + (c - '0');
-  }
-  *id = v;
-  return true;
-}
 
 // ---- key names ------------------------------------------------------------------
 
@@ -459,10 +443,10 @@ bool is_quant_expert_key(const MoeConfig& cfg, const MlpKeys& keys, const std::s
   for (const std::string* pat : {&keys.expert_gate, &keys.expert_up, &keys.expert_down}) {
     const std::string base = drop_suffix(*pat, ".weight");
     for (const char* suffix : kSqSuffix)
-      if (match_id(base + suffix, key, &id) && id < cfg.n_experts) return true;
+      if (match_expert_key(base + suffix, key, &id) && id < cfg.n_experts) return true;
   }
   // FastDeploy's fused int8 weight; its scales are in the family's scale table already.
-  return fd_patterns(cfg.family).complete() && match_id(keys.block + ".experts.{}.up_gate_proj.weight", key, &id) &&
+  return fd_patterns(cfg.family).complete() && match_expert_key(keys.block + ".experts.{}.up_gate_proj.weight", key, &id) &&
          id < cfg.n_experts;
 }
 
