@@ -146,10 +146,10 @@ Runner pick_runner(DType wt) {
   return gg::run_task_portable_f32;
 }
 
-// Experts with at most this many rows run as a weight-streaming GEMV: each task covers
-// several panels so it streams ~kDecodeTaskBytes of weights in one go (amortises the
-// scheduling and lets the hardware prefetcher lock on to one long stream per thread).
-constexpr int64_t kDecodeMaxRows = 4;
+// Decode experts (<= gg::kDecodeMaxRows rows): each task covers several panels so it
+// streams ~kDecodeTaskBytes of weights in one go (amortises the scheduling and lets the
+// hardware prefetcher lock on to one long stream per thread).
+using gg::kDecodeMaxRows;
 constexpr int64_t kDecodeTaskBytes = 1 << 20;
 
 void build_tasks(const gg::Job& j, int64_t n_experts, int64_t np, int nt, std::vector<gg::Task>& tasks) {

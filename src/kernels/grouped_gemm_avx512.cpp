@@ -167,7 +167,7 @@ void run_panel(const Job& j, int64_t expert, int64_t P, const char* panel) {
     const int mr = static_cast<int>(rows / nb + (b < rows % nb ? 1 : 0));
     const char* a = j.a + row * j.lda_bytes;
     char* c = j.c + row * j.ldc_bytes;
-    const bool first = b == 0, decode = rows <= 4;
+    const bool first = b == 0, decode = rows <= kDecodeMaxRows;
     switch (mr) {
       case 1: block<KD, 1>(j, panel, a, S, first, decode, c, c0, nv); break;
       case 2: block<KD, 2>(j, panel, a, S, first, decode, c, c0, nv); break;
@@ -188,7 +188,8 @@ void run_task(const Job& j, const Task& t) {
 // FP8, one row block (decode): the e4m3 codes are converted to bf16 in registers
 // (f8x32_to_bf16: the values dequant_pairs_f8_avx512bf16 writes) and fed straight to
 // vdpbf16ps in the bf16 kernel's order, so the result equals the bf16 kernel on the
-// dequantised panel bit for bit, without storing and reloading the panel. MR <= 4: 16
+// dequantised panel bit for bit, without storing and reloading the panel. MR <= 4
+// (kDecodeMaxRows): 16
 // accumulators + 8 scale vectors + 4 converted operands fit in the 32 zmm.
 template <int MR>
 void f8_decode_block(const Job& j, int64_t expert, int64_t P, const char* a0, char* c0, int64_t col0, int nv) {
@@ -225,11 +226,12 @@ void run_task_avx512_bf16emu(const Job& j, const Task& t) { run_task<Kind::Bf16E
 void run_task_avx512bf16(const Job& j, const Task& t) { run_task<Kind::Bf16Dp>(j, t); }
 
 void run_task_f8_avx512bf16(const Job& j, const Task& t, char* buf) {
+  static_assert(kDecodeMaxRows == 4, "the decode switch below covers 1..4 rows");
   const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0;
   const int64_t S = (j.k + 1) / 2;
   const int64_t per = j.gated ? kGateCols : kPanel;
   for (int64_t P = t.p0; P < t.p1; ++P) {
-    if (rows > 4) {  // prefill: dequantise the whole panel once for all row blocks
+    if (rows > kDecodeMaxRows) {  // prefill: dequantise the whole panel once for all row blocks
       dequant_pairs_f8_avx512bf16(j, t.expert, P, 0, S, reinterpret_cast<uint16_t*>(buf));
       run_panel<Kind::Bf16Dp>(j, t.expert, P, buf);
       continue;

@@ -27,6 +27,10 @@ namespace moe::gg {
 
 inline constexpr int kPanel = 64;      // columns per panel: 4 zmm of f32 accumulators per row
 inline constexpr int kGateCols = 32;   // gated: gate (and up) columns per panel
+// Experts with at most this many rows run as a weight-streaming GEMV (decode): tasks
+// cover several panels, the kernels prefetch the stream into L2 and FP8 converts in
+// registers. Above it a task is one panel and rows are register-blocked (prefill).
+inline constexpr int64_t kDecodeMaxRows = 4;
 
 // The helpers below are also used by the *_avx2/*_avx512 files, which are compiled with
 // wider ISA flags: internal linkage keeps the linker from merging an AVX-512 copy of an

@@ -27,19 +27,6 @@ std::vector<int32_t> seq_of_tokens(const StepBatch& b) {
   return out;
 }
 
-// Softmax of scores[0..n) in place (f32, max-subtracted, as torch.softmax).
-void softmax_inplace(float* sc, int64_t n) {
-  float mx = sc[0];
-  for (int64_t j = 1; j < n; ++j) mx = std::max(mx, sc[j]);
-  float sum = 0.f;
-  for (int64_t j = 0; j < n; ++j) {
-    sc[j] = std::exp(sc[j] - mx);
-    sum += sc[j];
-  }
-  const float inv = 1.f / sum;
-  for (int64_t j = 0; j < n; ++j) sc[j] *= inv;
-}
-
 float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];

@@ -13,6 +13,8 @@ void gqa_attend(const GqaAttendArgs& a) {
   else attn_impl::gqa_attend(a);
 }
 
+void softmax_inplace(float* sc, int64_t n) { attn_impl::softmax_row(sc, n); }
+
 void gqa_attend_reference(const GqaAttendArgs& a) {
   const StepBatch& b = *a.batch;
   const int64_t hd = a.head_dim, ldq = a.n_heads * hd, group = a.n_heads / a.n_kv;

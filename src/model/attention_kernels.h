@@ -35,5 +35,8 @@ void gqa_attend(const GqaAttendArgs& a);
 
 // The plain loop (one query and head at a time), kept as the reference the tests compare against.
 void gqa_attend_reference(const GqaAttendArgs& a);
+// Softmax of sc[0..n) in place: f32, max-subtracted, sequential sum (as torch.softmax);
+// the one the GQA kernels use, for the other attention paths (MLA).
+void softmax_inplace(float* sc, int64_t n);
 
 }  // namespace moe
