@@ -8,6 +8,10 @@ PACKAGES=(
   libfmt-dev nlohmann-json3-dev libcli11-dev   # formatting, JSON, command line
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and micro-benchmarks
   libopenmpi-dev openmpi-bin                   # ranks (expert parallelism)
+  libonig-dev libutf8proc-dev                  # tokenizer regexes (as HF tokenizers), Unicode normalisation
+  libsentencepiece-dev                         # tokenizer.model (SentencePiece) files
+  libcpp-httplib-dev curl jq                   # moe-ep serve (HTTP); the client and JSON tool its tests use
+  clang libclang-rt-14-dev                     # libFuzzer targets (tokenizer, templates)
 )
 
 missing=()

@@ -2,11 +2,15 @@
 # Builds moe-ep and runs every test. The README's test command; .ci/run calls it.
 #   1. Release build, then ctest: unit and fixture tests, the multi-rank suites under
 #      mpirun with 1-4 ranks, and the fault tests.
+#      Among them: the tokenizer and chat-template suites against HF tokenizers /
+#      transformers / jinja2 goldens, and `moe-ep serve` end to end under curl (1 and 2 ranks).
 #   2. The loader suites (hostile-checkpoint corpus, safetensors validation, sharding,
 #      scales, bad input) once more under AddressSanitizer + UndefinedBehaviorSanitizer.
+#   3. The libFuzzer targets of the text layer, each for FUZZ_SECONDS (default 45).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
 (cd build && ctest --output-on-failure --timeout 900 -j"${JOBS:-$(nproc)}")
 bash scripts/test_sanitize.sh
+FUZZ_SECONDS="${FUZZ_SECONDS:-45}" bash scripts/fuzz.sh

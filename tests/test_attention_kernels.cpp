@@ -18,9 +18,26 @@ struct Case {
   std::vector<std::pair<int64_t, int64_t>> seqs;  // (cached positions, new tokens)
 };
 
-void run_case(const Case& c, uint64_t seed) {
+// paged: the cache is one pool of 8-position blocks handed to the slots in a shuffled
+// order (as the server's scheduler hands out freed blocks), so a sequence's positions
+// live in scattered, non-ascending blocks; the result must not change by a bit.
+std::vector<float> run_case(const Case& c, uint64_t seed, bool paged = false) {
   const int64_t max_seq = 80, n_slots = static_cast<int64_t>(c.seqs.size());
-  KvCache cache(1, n_slots, max_seq, c.n_kv * c.hd, c.n_kv * c.hd);
+  KvCacheShape ks;
+  ks.n_layers = 1;
+  ks.n_slots = n_slots;
+  ks.max_seq = max_seq;
+  ks.a_dim = ks.b_dim = c.n_kv * c.hd;
+  ks.block_size = paged ? 8 : 16;
+  if (paged) ks.n_blocks = n_slots * ks.blocks_per_slot() + 3;  // a few spare blocks
+  KvCache cache(ks);
+  if (paged) {
+    std::vector<int32_t> pool(ks.n_blocks);
+    for (int32_t i = 0; i < ks.n_blocks; ++i) pool[i] = (i * 7 + 3) % static_cast<int32_t>(ks.n_blocks);  // 7 coprime
+    for (int64_t s = 0; s < n_slots; ++s)
+      cache.set_blocks(s, std::vector<int32_t>(pool.begin() + s * ks.blocks_per_slot(),
+                                               pool.begin() + (s + 1) * ks.blocks_per_slot()));
+  }
   const Tensor kv = test::random_f32({2, n_slots, max_seq, c.n_kv * c.hd}, 1.f, seed);
   for (int64_t s = 0; s < n_slots; ++s)
     for (int64_t p = 0; p < max_seq; ++p) {
@@ -58,6 +75,7 @@ void run_case(const Case& c, uint64_t seed) {
         << "heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " isa " << isa_name(active_isa());
   }
   set_isa_cap(Isa::Avx512Bf16);
+  return ref;
 }
 
 TEST(AttentionKernels, BitwiseEqualToThePlainLoop) {
@@ -65,6 +83,16 @@ TEST(AttentionKernels, BitwiseEqualToThePlainLoop) {
   run_case({8, 2, 24, {{0, 9}, {3, 1}, {60, 1}}}, 2);     // prefill + decode, head_dim not a multiple of 16
   run_case({4, 4, 16, {{10, 20}, {0, 1}}}, 3);            // MHA, chunked prefill after a cached prefix
   run_case({6, 2, 32, {{70, 1}, {5, 1}, {0, 3}}}, 4);     // decode batch
+}
+
+TEST(AttentionKernels, PagedScatteredBlocksGiveTheSameBits) {
+  for (const auto& [c, seed] : std::vector<std::pair<Case, uint64_t>>{{{8, 2, 24, {{0, 9}, {3, 1}, {60, 1}}}, 2},
+                                                                     {{4, 4, 16, {{10, 20}, {0, 1}}}, 3},
+                                                                     {{6, 2, 32, {{70, 1}, {5, 1}, {0, 3}}}, 4}}) {
+    const std::vector<float> dense = run_case(c, seed), paged = run_case(c, seed, true);
+    ASSERT_EQ(dense.size(), paged.size());
+    EXPECT_EQ(std::memcmp(dense.data(), paged.data(), dense.size() * sizeof(float)), 0) << "seed " << seed;
+  }
 }
 
 }  // namespace

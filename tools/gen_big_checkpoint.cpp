@@ -4,7 +4,7 @@
 // against an independent writer too.
 //
 //   g++ -O2 -std=c++20 -o /tmp/gen_big_checkpoint tools/gen_big_checkpoint.cpp
-//   /tmp/gen_big_checkpoint /tmp/moe_big [layers=4] [experts=64] [hidden=2048] [moe_I=768] [fused=0]
+//   /tmp/gen_big_checkpoint /tmp/moe_big [layers=4] [experts=64] [hidden=2048] [moe_I=768] [fused=0] [vocab=4096]
 //
 // Default size: 4 layers x 64 experts x 3 x 768 x 2048 bf16 = 2.42 GB of experts,
 // plus attention, router, norms, embeddings (~2.5 GB in all). Weights are random bf16
@@ -94,14 +94,14 @@ void write_shard(const std::string& path, const std::vector<Entry>& entries) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s DIR [layers=4] [experts=64] [hidden=2048] [moe_I=768] [fused=0]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DIR [layers=4] [experts=64] [hidden=2048] [moe_I=768] [fused=0] [vocab=4096]\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
   const int64_t L = argc > 2 ? std::atoll(argv[2]) : 4, E = argc > 3 ? std::atoll(argv[3]) : 64,
                 H = argc > 4 ? std::atoll(argv[4]) : 2048, I = argc > 5 ? std::atoll(argv[5]) : 768;
   const bool fused = argc > 6 && std::atoi(argv[6]) != 0;
-  const int64_t V = 4096, heads = 16, kv_heads = 4, hd = H / heads;
+  const int64_t V = argc > 7 ? std::atoll(argv[7]) : 4096, heads = 16, kv_heads = 4, hd = H / heads;
   std::filesystem::create_directories(dir);
   std::string index = "{\"metadata\":{},\"weight_map\":{";
   bool first_key = true;

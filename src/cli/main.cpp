@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
   std::vector<moe::Verb> verbs = {moe::add_layer_verb(app), moe::add_bench_verb(app), moe::add_compare_verb(app)};
   for (auto& v : moe::add_inspect_verbs(app)) verbs.push_back(std::move(v));
   for (auto& v : moe::add_model_verbs(app)) verbs.push_back(std::move(v));
+  for (auto& v : moe::add_text_verbs(app)) verbs.push_back(std::move(v));
+  verbs.push_back(moe::add_chat_verb(app));
+  verbs.push_back(moe::add_serve_verb(app));
+  verbs.push_back(moe::add_bench_serve_verb(app));
   for (auto& v : verbs) add_global(v.cmd, g);
 
   try {

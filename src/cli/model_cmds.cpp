@@ -11,7 +11,9 @@
 #include <fstream>
 #include <memory>
 
+#include "cli/model_opts.h"
 #include "cli/parallel_opts.h"
+#include "cli/text_opts.h"
 #include "cli/verbs.h"
 #include "comm/consistency.h"
 #include "core/check.h"
@@ -21,83 +23,11 @@
 #include "model/model.h"
 #include "runtime/generate.h"
 #include "runtime/runner.h"
+#include "text/text_stream.h"
 
 namespace moe {
 
 namespace {
-
-struct CommonOpts {
-  std::string model_dir, prompt_ids, dtype = "f32", quantize = "none";
-  int64_t max_seq_len = 0;
-  ParallelOptions parallel;
-};
-
-// "bf16" or "bf16 (routed experts w8a8)", for the summaries.
-std::string weights_desc(const CommonOpts& o) {
-  return o.quantize == "none" ? o.dtype : fmt::format("{} (routed experts {})", o.dtype, o.quantize);
-}
-
-void add_common(CLI::App* cmd, CommonOpts& o) {
-  cmd->add_option("--model", o.model_dir, "Model directory: config.json and *.safetensors (Hugging Face layout)")
-      ->required()
-      ->check(CLI::ExistingDirectory);
-  cmd->add_option("--prompt-ids", o.prompt_ids,
-                  "Prompts as token ids: ids separated by ',', prompts by ';' (e.g. \"1,2,3;4,5\"); all prompts run "
-                  "as one batch")
-      ->required();
-  cmd->add_option("--dtype", o.dtype,
-                  "Weight dtype: f32, or bf16 (bf16 weights and GEMM inputs, f32 activations and accumulation)")
-      ->check(CLI::IsMember({"f32", "bf16"}))
-      ->capture_default_str();
-  cmd->add_option("--quantize", o.quantize,
-                  "Quantise the routed experts at load: w8a8 = SmoothQuant int8 weights (per-output-channel scales "
-                  "absmax/127, smooth = 1) and per-token dynamic int8 activations; the router stays f32, and the "
-                  "shared experts, dense MLP layers, attention and lm_head stay in --dtype. With --moe-comm alltoall "
-                  "or alltoall-ll the tokens travel as int8 rows and the logits equal the one-rank W8A8 logits bit for "
-                  "bit; under --tp each rank quantises its slice of the intermediate dimension (W2 scales and GEMM2 "
-                  "activation scales over that slice), so the logits are close to, not equal to, one rank's")
-      ->check(CLI::IsMember({"none", "w8a8"}))
-      ->capture_default_str();
-  cmd->add_option("--max-seq-len", o.max_seq_len,
-                  "Positions per sequence in the KV cache, allocated up front (default: the longest prompt plus "
-                  "--max-new-tokens); a request that does not fit is an error")
-      ->check(CLI::NonNegativeNumber);
-  add_parallel_options(cmd, o.parallel);
-}
-
-struct Loaded {
-  Communicator* world = nullptr;
-  std::unique_ptr<Model> model;
-  std::vector<std::vector<int32_t>> prompts;
-  double load_s = 0;
-};
-
-Loaded load(const CommonOpts& o, int64_t max_new, bool count_experts, const std::string& extra_flags) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Loaded L;
-  L.world = &parallel_world(o.parallel);
-  L.prompts = parse_prompt_ids(o.prompt_ids);
-  if (L.world->size() > 1)
-    check_same_on_all_ranks(*L.world,
-                            {{"flags", fmt::format("--model {} --dtype {} --quantize {} --max-seq-len {} {} {}",
-                                                   o.model_dir, o.dtype, o.quantize, o.max_seq_len,
-                                                   o.parallel.flags_string(), extra_flags)},
-                                       {"prompts", o.prompt_ids}});
-  int64_t longest = 0;
-  for (const auto& p : L.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
-  ModelOptions mo;
-  mo.dtype = parse_dtype(o.dtype);
-  mo.quantize_w8a8 = o.quantize == "w8a8";
-  mo.max_seq = o.max_seq_len > 0 ? o.max_seq_len : std::max<int64_t>(1, longest + max_new);
-  mo.n_slots = static_cast<int64_t>((L.prompts.size() + o.parallel.par.dp - 1) / o.parallel.par.dp);
-  mo.world = L.world;
-  mo.par = o.parallel.par;
-  mo.ep = o.parallel.ep_options();
-  mo.count_experts = count_experts;
-  L.model = Model::load(o.model_dir, mo);
-  L.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return L;
-}
 
 // "1.00-1.35 (mean 1.12)": the max/mean expert load of each MoE layer, summarised.
 std::string load_spread(const std::vector<std::vector<int64_t>>& load, std::vector<double>* per_layer) {
@@ -145,9 +75,32 @@ struct GenOpts {
   double temperature = 0, top_p = 1.0;
   int64_t top_k = 0;
   uint64_t seed = 0;
-  bool ignore_eos = false, quiet = false;
+  bool ignore_eos = false, quiet = false, no_special = false, show_special = false;
   std::string output_json;
+  // Text prompts (any of them needs the tokenizer of --model).
+  std::vector<std::string> prompts, chats, stops;
+  std::string chat_file;
+  ChatFlags chat;
+  bool text_mode() const { return !prompts.empty() || !chats.empty() || !chat_file.empty(); }
 };
+
+// The batch of a text-mode `generate`: --prompt texts, then --chat messages, then the
+// --chat-file conversation, in that order.
+std::vector<std::vector<int32_t>> text_prompts(const GenOpts& g, const TextModel& tm) {
+  std::vector<std::vector<int32_t>> out;
+  text::EncodeOptions eo;
+  eo.parse_special = !g.no_special;
+  for (const auto& p : g.prompts) out.push_back(tm.tok->encode(p, eo));
+  for (const auto& c : g.chats) {
+    const nlohmann::json msgs = nlohmann::json::array({{{"role", "user"}, {"content", c}}});
+    out.push_back(encode_rendered_chat(*tm.tok, render_chat(tm, g.chat, msgs, true)));
+  }
+  if (!g.chat_file.empty())
+    out.push_back(encode_rendered_chat(*tm.tok, render_chat(tm, g.chat, read_json_file(g.chat_file, "--chat-file"), true)));
+  for (size_t i = 0; i < out.size(); ++i)
+    MOE_CHECK(!out[i].empty(), "prompt {} has no tokens after tokenization", i);
+  return out;
+}
 
 int run_generate(const CommonOpts& o, const GenOpts& g) {
   GenerateOptions go;
@@ -159,18 +112,74 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
   go.ignore_eos = g.ignore_eos;
   MOE_CHECK(g.max_new_tokens >= 1, "--max-new-tokens must be at least 1, got {}", g.max_new_tokens);
   MOE_CHECK(g.top_p > 0 && g.top_p <= 1, "--top-p must be in (0, 1], got {}", g.top_p);
+  MOE_CHECK(g.text_mode() != !o.prompt_ids.empty(),
+            "give the prompts either as ids (--prompt-ids) or as text (--prompt, --chat, --chat-file), one of the two");
+  MOE_CHECK(g.text_mode() || g.stops.empty(), "--stop needs text prompts (--prompt, --chat or --chat-file)");
+  TextModel tm;
+  std::vector<std::vector<int32_t>> prompts;
+  if (g.text_mode()) {
+    tm = load_text_model(o.model_dir, g.chat);
+    prompts = text_prompts(g, tm);
+    go.extra_eos = tokenizer_stop_ids(*tm.tok);
+  }
   Loaded L = load(o, g.max_new_tokens, true,
-                  fmt::format("generate {} {} {} {} {} {}", g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.seed,
-                              g.ignore_eos));
+                  fmt::format("generate {} {} {} {} {} {} {}", g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.seed,
+                              g.ignore_eos, fmt::join(g.stops, "\x1f")),
+                  std::move(prompts));
+  // Text: each request's TextStream decides its stop strings; rank 0 prints its
+  // replica's text as it comes (a single prompt streams; several print labelled when done).
+  text::DecodeOptions dopt;
+  dopt.skip_special_tokens = !g.show_special;
+  std::vector<std::unique_ptr<text::TextStream>> streams;
+  const bool printing = !g.quiet && L.world->rank() == 0;
+  const bool single = L.prompts.size() == 1;
+  if (g.text_mode()) {
+    for (size_t i = 0; i < L.prompts.size(); ++i)
+      streams.push_back(std::make_unique<text::TextStream>(*tm.tok, g.stops, dopt));
+    go.on_token = [&](int64_t req, int32_t tok) {
+      const text::TextStream::Piece piece = streams[req]->push(tok);
+      if (printing && single) {
+        std::fwrite(piece.text.data(), 1, piece.text.size(), stdout);
+        std::fflush(stdout);
+      }
+      return piece.stopped;
+    };
+  }
   const GenerateResult r = generate(*L.model, L.prompts, go);
   if (L.world->rank() != 0) return 0;
+  // The text of every request, replayed from its ids on rank 0 (the requests of other DP
+  // replicas were streamed on their own ranks): the same TextStream, so the same cut.
+  std::vector<std::string> texts;
+  if (g.text_mode()) {
+    for (size_t i = 0; i < r.tokens.size(); ++i) {
+      text::TextStream replay(*tm.tok, g.stops, dopt);
+      for (int32_t t : r.tokens[i]) {
+        const bool eos = !g.ignore_eos && (std::find(go.extra_eos.begin(), go.extra_eos.end(), t) != go.extra_eos.end() ||
+                                           std::find(L.model->config().eos_token_ids.begin(),
+                                                     L.model->config().eos_token_ids.end(), t) !=
+                                               L.model->config().eos_token_ids.end());
+        if (eos || replay.push(t).stopped) break;
+      }
+      replay.finish();
+      texts.push_back(replay.text());
+    }
+    if (printing && single) {
+      // What the live stream held back at the end (text after the last id).
+      const std::string tail = texts[0].substr(std::min(texts[0].size(), streams[0]->text().size()));
+      std::fwrite(tail.data(), 1, tail.size(), stdout);
+      std::fputc('\n', stdout);
+    } else if (printing) {
+      for (size_t i = 0; i < texts.size(); ++i) fmt::print("=== prompt {} ===\n{}\n", i, texts[i]);
+    }
+  }
   std::vector<double> spread;
   const std::string spread_s = load_spread(r.expert_load, &spread);
   const double pre_tps = r.prefill_s > 0 ? r.prefill_tokens / r.prefill_s : 0;
   const double dec_tps = r.decode_s > 0 ? r.decode_tokens / r.decode_s : 0;
   if (!g.quiet) {
-    for (size_t i = 0; i < r.tokens.size(); ++i) fmt::print("prompt {}: {}\n", i, fmt::join(r.tokens[i], ","));
-    fmt::print(
+    if (!g.text_mode())
+      for (size_t i = 0; i < r.tokens.size(); ++i) fmt::print("prompt {}: {}\n", i, fmt::join(r.tokens[i], ","));
+    fmt::print(g.text_mode() ? stderr : stdout,
         "moe-ep generate: {} dtype {}, {} rank(s) ({}), {} prompts: prefill {} tokens in {:.2f} ms ({:.1f} tokens/s), "
         "decode {} tokens in {} steps, {:.2f} ms ({:.1f} tokens/s); expert load {}; loaded in {:.3f} s; threads {}\n",
         L.model->config().model_type, weights_desc(o), L.world->size(), to_string(o.parallel.par), L.prompts.size(),
@@ -186,6 +195,7 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
     j["parallel"] = to_string(o.parallel.par);
     j["prompts"] = L.prompts;
     j["generated"] = r.tokens;
+    if (g.text_mode()) j["text"] = texts;
     j["timings"] = {{"load_s", L.load_s},
                     {"prefill_s", r.prefill_s},
                     {"prefill_tokens", r.prefill_tokens},
@@ -218,6 +228,7 @@ std::vector<Verb> add_model_verbs(CLI::App& app) {
         "Run a batch of prompts through a whole model once (prefill) and write the logits of every position: "
         "'logits' [B, S_max, V] f32 (rows past a prompt's length are zero) and 'lengths' [B] i64");
     add_common(f, *o);
+    f->get_option("--prompt-ids")->required();
     f->add_option("--logits", *out, "safetensors file to write (rank 0 writes it)")->required();
     f->add_flag("--quiet", *quiet, "Print nothing on success");
     verbs.push_back({f, [o, out, quiet] { return run_forward(*o, *out, *quiet); }});
@@ -246,7 +257,24 @@ std::vector<Verb> add_model_verbs(CLI::App& app) {
                    "Sampling seed; the draw of request i at step s depends only on (seed, i, s), so the same seed "
                    "gives the same tokens on any parallel layout")
         ->capture_default_str();
-    gc->add_flag("--ignore-eos", g->ignore_eos, "Keep generating after an EOS token (eos_token_id of the config)");
+    gc->add_flag("--ignore-eos", g->ignore_eos,
+                 "Keep generating after an EOS token (eos_token_id of the config, and with text prompts the "
+                 "tokenizer's eos token, e.g. the end-of-turn token of chat models)");
+    gc->add_option("--prompt", g->prompts,
+                   "A text prompt, tokenized with the model's tokenizer (with its BOS, as tokenizer(text) does); "
+                   "repeat for a batch. The generated text streams to stdout (one prompt), or is printed labelled "
+                   "per prompt (several)");
+    gc->add_option("--chat", g->chats,
+                   "A user message, rendered with the model's chat template (add_generation_prompt); repeat for a "
+                   "batch of one-message chats");
+    gc->add_option("--chat-file", g->chat_file, "A JSON list of OpenAI-style messages: one conversation to continue")
+        ->check(CLI::ExistingFile);
+    gc->add_option("--stop", g->stops,
+                   "Stop a prompt's generation before this text (repeatable; the stop text is not printed)");
+    gc->add_flag("--no-special", g->no_special,
+                 "Read special-token strings in --prompt text as plain text, not as control tokens");
+    gc->add_flag("--show-special", g->show_special, "Print special tokens in the generated text (default: skipped)");
+    add_chat_flags(gc, g->chat);
     gc->add_option("--output-json", g->output_json, "Write the prompts, generated ids, timings and expert load here");
     gc->add_flag("--quiet", g->quiet, "Print nothing (with --output-json: only the file)");
     verbs.push_back({gc, [o, g] { return run_generate(*o, *g); }});

@@ -22,5 +22,9 @@ Verb add_bench_verb(CLI::App& app);      // cli/bench_cmd.cpp
 Verb add_compare_verb(CLI::App& app);    // cli/compare_cmd.cpp
 std::vector<Verb> add_inspect_verbs(CLI::App& app);  // cli/inspect_cmd.cpp (checkpoint inspection)
 std::vector<Verb> add_model_verbs(CLI::App& app);    // cli/model_cmds.cpp (forward, generate, ...)
+std::vector<Verb> add_text_verbs(CLI::App& app);     // cli/text_cmds.cpp (tokenize, detokenize)
+Verb add_chat_verb(CLI::App& app);                   // cli/chat_cmd.cpp (interactive chat)
+Verb add_serve_verb(CLI::App& app);                  // cli/serve_cmd.cpp (OpenAI-compatible server)
+Verb add_bench_serve_verb(CLI::App& app);            // cli/bench_serve_cmd.cpp (load generator)
 
 }  // namespace moe

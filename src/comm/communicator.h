@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,6 +90,11 @@ class Communicator {
 Communicator& world_comm(bool want_mpi = false);
 // True when the environment says we were started by an MPI launcher.
 bool launched_by_mpi();
+// Runs once, on the aborting rank, just before the job is aborted (a collective that
+// timed out, an error on this rank): lets a server answer its clients first. The hook
+// must not call into the communicator.
+void set_abort_hook(std::function<void(const std::string& why)> hook);
+
 // A standalone single-rank communicator.
 std::unique_ptr<Communicator> make_local_comm(const std::string& name = "local");
 

@@ -19,6 +19,7 @@ namespace {
 
 long long g_count_limit = INT_MAX;
 bool g_aborting = false;
+std::function<void(const std::string&)> g_abort_hook;
 bool g_we_initialized = false;
 MPI_Comm g_exit_comm = MPI_COMM_NULL;  // a private duplicate of MPI_COMM_WORLD for the exit barrier
 const Communicator* g_exit_timeout_from = nullptr;
@@ -248,9 +249,17 @@ bool mpi_active() {
 
 void set_mpi_exit_timeout(const Communicator* world) { g_exit_timeout_from = world; }
 
+}  // namespace detail
+
+void set_abort_hook(std::function<void(const std::string&)> hook) { g_abort_hook = std::move(hook); }
+
+namespace detail {
+
 void abort_job(const std::string& why) {
   const bool mpi = mpi_active();
+  const bool first = !g_aborting;
   g_aborting = true;
+  if (first && g_abort_hook) g_abort_hook(why);
   const int r = world_rank_or_zero();
   std::fflush(stdout);
   std::fprintf(stderr, "moe-ep: rank %d: %s\n", r, why.c_str());

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -138,10 +139,26 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   const bool mla = c.attention == AttentionKind::Mla;
   const int64_t a_dim = mla ? c.kv_lora_rank : c.n_kv_heads / tp * c.head_dim;
   const int64_t b_dim = mla ? c.qk_rope_head_dim : c.n_kv_heads / tp * c.head_dim;
-  const uint64_t bytes = KvCache::bytes_needed(c.n_layers, opt.n_slots, max_seq, a_dim, b_dim);
-  MOE_CHECK(bytes < (uint64_t{1} << 40), "KV cache of {} sequences x {} positions would take {:.1f} GiB",
-            opt.n_slots, max_seq, static_cast<double>(bytes) / (1 << 30));
-  m->cache_ = KvCache(c.n_layers, opt.n_slots, max_seq, a_dim, b_dim);
+  KvCacheShape ks;
+  ks.n_layers = c.n_layers;
+  ks.n_slots = opt.n_slots;
+  ks.max_seq = max_seq;
+  ks.a_dim = a_dim;
+  ks.b_dim = b_dim;
+  ks.block_size = opt.kv_block_size;
+  MOE_CHECK(ks.block_size >= 1 && ks.block_size <= 4096, "KV block size {} out of range [1, 4096]", ks.block_size);
+  if (opt.paged_kv) {
+    const uint64_t per_block = KvCacheShape::bytes_per_block(c.n_layers, ks.block_size, a_dim, b_dim);
+    const uint64_t full = per_block * ks.n_slots * ks.blocks_per_slot();
+    const uint64_t want = opt.kv_cache_bytes > 0 ? opt.kv_cache_bytes : std::min(full, ModelOptions::kDefaultPagedKvBytes);
+    ks.n_blocks = static_cast<int64_t>(std::min(want, full) / per_block);
+    MOE_CHECK(ks.n_blocks >= 1, "a KV cache of {} bytes holds no block of {} positions ({} bytes each)", want,
+              ks.block_size, per_block);
+  }
+  const uint64_t bytes = ks.bytes();
+  MOE_CHECK(bytes < (uint64_t{1} << 40), "KV cache of {} blocks of {} positions would take {:.1f} GiB",
+            ks.total_blocks(), ks.block_size, static_cast<double>(bytes) / (1 << 30));
+  m->cache_ = KvCache(ks);
   return m;
 }
 
@@ -163,15 +180,32 @@ void Model::mlp(DecoderLayer& L, int64_t l, const Tensor& x, float* y) {
   if (T > 0) std::memcpy(y, out.data<float>(), T * H * sizeof(float));
 }
 
+EpStats Model::ep_stats() const {
+  EpStats sum;
+  for (const DecoderLayer& L : layers_) {
+    if (!L.ep_moe) continue;
+    const EpStats& s = L.ep_moe->stats();
+    sum.total_s += s.total_s;
+    sum.compute_s += s.compute_s;
+    sum.shared_s += s.shared_s;
+    sum.comm_wait_s += s.comm_wait_s;
+    sum.bytes_sent += s.bytes_sent;
+    sum.dispatch_bytes += s.dispatch_bytes;
+    sum.rounds += s.rounds;
+  }
+  return sum;
+}
+
 Tensor Model::forward(const StepBatch& b) {
   const int64_t T = b.n_tokens(), H = cfg_.hidden_size, V = cfg_.vocab_size;
   MOE_CHECK(static_cast<int64_t>(b.positions.size()) == T, "internal: step has {} tokens but {} positions", T,
             b.positions.size());
   for (const SeqSpan& sp : b.seqs)
-    MOE_CHECK(sp.slot >= 0 && sp.slot < cache_.n_slots() && sp.start_pos + sp.n <= cache_.max_seq(),
-              "sequence in cache slot {} needs {} positions; the KV cache holds {} slots of {} positions "
-              "(raise --max-seq-len)",
-              sp.slot, sp.start_pos + sp.n, cache_.n_slots(), cache_.max_seq());
+    MOE_CHECK(sp.slot >= 0 && sp.slot < cache_.n_slots() && sp.start_pos + sp.n <= cache_.capacity(sp.slot),
+              "sequence in cache slot {} needs {} positions; the KV cache holds {} slots of at most {} positions, "
+              "this slot {} now (raise --max-seq-len)",
+              sp.slot, sp.start_pos + sp.n, cache_.n_slots(), cache_.max_seq(),
+              sp.slot >= 0 && sp.slot < cache_.n_slots() ? cache_.capacity(sp.slot) : 0);
   Tensor h = Tensor::empty({T, H}, DType::F32);
   float* hp = h.data<float>();
   const size_t esz = dtype_size(embed_.dtype());

@@ -45,6 +45,13 @@ struct ModelOptions {
   bool quantize_w8a8 = false;
   int64_t n_slots = 1;       // sequences the KV cache holds
   int64_t max_seq = 0;       // positions per sequence (0: max_position_embeddings)
+  int64_t kv_block_size = 16;  // positions per KV block (model/kv_cache.h)
+  // false: a fixed region of max_seq positions per slot. true: one pool of blocks that
+  // any slot can use (the owner hands them out, KvCache::set_blocks), of kv_cache_bytes
+  // (0: enough for n_slots x max_seq, capped at kDefaultPagedKvBytes).
+  bool paged_kv = false;
+  uint64_t kv_cache_bytes = 0;
+  static constexpr uint64_t kDefaultPagedKvBytes = uint64_t{4} << 30;
   Communicator* world = nullptr;  // nullptr or size 1: one rank; must outlive the model
   ParallelConfig par;
   EpOptions ep;
@@ -80,6 +87,8 @@ class Model {
   // Tokens routed to each expert so far, [n_layers][E] (empty rows for dense layers),
   // counted on this rank's tokens (ModelOptions::count_experts).
   std::vector<std::vector<int64_t>>& expert_load() { return expert_load_; }
+  // The EP statistics of the last forward(), summed over its MoE layers (zero on one rank).
+  EpStats ep_stats() const;
   // Turns the expert load counting of ModelOptions::count_experts on or off.
   void set_count_experts(bool on) { opt_.count_experts = on; }
 

@@ -48,8 +48,9 @@ std::vector<int64_t> gather_from_replica_leaders(Model& m, const std::vector<int
   return out;
 }
 
-bool is_eos(const ModelConfig& c, int32_t t) {
-  return std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), t) != c.eos_token_ids.end();
+bool is_eos(const ModelConfig& c, const GenerateOptions& opt, int32_t t) {
+  return std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), t) != c.eos_token_ids.end() ||
+         std::find(opt.extra_eos.begin(), opt.extra_eos.end(), t) != opt.extra_eos.end();
 }
 
 }  // namespace
@@ -120,12 +121,19 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
       picked[i] = sample_token(lg, V, opt.sampling, run[i]->id, run[i]->n_generated());
       if (opt.keep_logits) res.step_logits[run[i]->id].insert(res.step_logits[run[i]->id].end(), lg, lg + V);
     }
-    if (replica && replica->size() > 1 && !picked.empty())
-      replica->broadcast(picked.data(), picked.size() * sizeof(int32_t), 0);
-    for (size_t i = 0; i < run.size(); ++i) {
+    // picked[n + i] = 1: request i stops here (the leader's on_token said so).
+    const size_t n = run.size();
+    picked.resize(2 * n, 0);
+    const bool leader = !replica || replica->rank() == 0;
+    if (leader && opt.on_token)
+      for (size_t i = 0; i < n; ++i)
+        if (opt.ignore_eos || !is_eos(c, opt, picked[i])) picked[n + i] = opt.on_token(run[i]->id, picked[i]) ? 1 : 0;
+    if (replica && replica->size() > 1 && n > 0) replica->broadcast(picked.data(), picked.size() * sizeof(int32_t), 0);
+    for (size_t i = 0; i < n; ++i) {
       Sequence& s = *run[i];
       s.tokens.push_back(picked[i]);
-      if (s.n_generated() >= opt.max_new_tokens || (!opt.ignore_eos && is_eos(c, picked[i]))) s.done = true;
+      if (s.n_generated() >= opt.max_new_tokens || (!opt.ignore_eos && is_eos(c, opt, picked[i])) || picked[n + i])
+        s.done = true;
     }
     const double dt = now_s() - t0;
     if (step == 0) {

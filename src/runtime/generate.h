@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -23,6 +24,13 @@ struct GenerateOptions {
   SamplingParams sampling;
   bool ignore_eos = false;  // run to max_new_tokens even after EOS
   bool keep_logits = false;  // record each step's logits of this rank's requests (tests)
+  // More ids that end a request, beside the config's eos_token_id (e.g. the tokenizer's
+  // end-of-turn token).
+  std::vector<int64_t> extra_eos;
+  // Called on the first rank of the request's DP replica with each sampled token (not
+  // for EOS); returning true ends the request there (a stop string). The decision
+  // travels with the token to the replica's other ranks, so they never disagree.
+  std::function<bool(int64_t request, int32_t token)> on_token;
 };
 
 struct GenerateResult {

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of fuzz/ with clang (ASan + UBSan) into build-fuzz/ and
+# runs each for FUZZ_SECONDS (default 60) from its corpus in fuzz/corpus/<target>/.
+# New inputs the fuzzer finds go to a scratch directory, not into the repo; a crash
+# fails the script and leaves its input in build-fuzz/crashes/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_EACH="${FUZZ_SECONDS:-60}"
+cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-fuzz -j"${JOBS:-$(nproc)}"
+mkdir -p build-fuzz/crashes
+for bin in build-fuzz/fuzz_*; do
+  [ -x "$bin" ] || continue
+  name=$(basename "$bin")
+  scratch=$(mktemp -d)
+  echo "fuzz: $name for ${SECONDS_EACH} s"
+  # -rss_limit_mb: a hostile input must fail cleanly, not by taking the machine's memory.
+  rc=0
+  ASAN_OPTIONS=detect_leaks=1 "$bin" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=10 \
+    -artifact_prefix=build-fuzz/crashes/"$name"- -print_final_stats=1 "$scratch" "fuzz/corpus/$name" \
+    > build-fuzz/"$name".log 2>&1 || rc=$?
+  grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY)" build-fuzz/"$name".log || true
+  rm -rf "$scratch"
+  if [ "$rc" != 0 ] || ls build-fuzz/crashes/"$name"-* >/dev/null 2>&1; then
+    tail -40 build-fuzz/"$name".log
+    echo "fuzz: $name found a crash: $(ls build-fuzz/crashes/"$name"-*)"
+    exit 1
+  fi
+done
+echo "fuzz: every target ran ${SECONDS_EACH} s without a crash"

@@ -1,0 +1,79 @@
+#include "cli/model_opts.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "comm/consistency.h"
+#include "core/check.h"
+#include "runtime/runner.h"
+
+namespace moe {
+
+std::string weights_desc(const CommonOpts& o) {
+  return o.quantize == "none" ? o.dtype : fmt::format("{} (routed experts {})", o.dtype, o.quantize);
+}
+
+void add_common(CLI::App* cmd, CommonOpts& o) {
+  cmd->add_option("--model", o.model_dir, "Model directory: config.json and *.safetensors (Hugging Face layout)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--prompt-ids", o.prompt_ids,
+                  "Prompts as token ids: ids separated by ',', prompts by ';' (e.g. \"1,2,3;4,5\"); all prompts run "
+                  "as one batch");
+  cmd->add_option("--dtype", o.dtype,
+                  "Weight dtype: f32, or bf16 (bf16 weights and GEMM inputs, f32 activations and accumulation)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--quantize", o.quantize,
+                  "Quantise the routed experts at load: w8a8 = SmoothQuant int8 weights (per-output-channel scales "
+                  "absmax/127, smooth = 1) and per-token dynamic int8 activations; the router stays f32, and the "
+                  "shared experts, dense MLP layers, attention and lm_head stay in --dtype. With --moe-comm alltoall "
+                  "or alltoall-ll the tokens travel as int8 rows and the logits equal the one-rank W8A8 logits bit for "
+                  "bit; under --tp each rank quantises its slice of the intermediate dimension (W2 scales and GEMM2 "
+                  "activation scales over that slice), so the logits are close to, not equal to, one rank's")
+      ->check(CLI::IsMember({"none", "w8a8"}))
+      ->capture_default_str();
+  cmd->add_option("--max-seq-len", o.max_seq_len,
+                  "Positions per sequence in the KV cache, allocated up front (default: the longest prompt plus "
+                  "--max-new-tokens); a request that does not fit is an error")
+      ->check(CLI::NonNegativeNumber);
+  add_parallel_options(cmd, o.parallel);
+}
+
+Loaded load(const CommonOpts& o, int64_t max_new, bool count_experts, const std::string& extra_flags,
+            std::vector<std::vector<int32_t>> prompts, const std::function<void(ModelOptions&)>& tweak) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Loaded L;
+  L.world = &parallel_world(o.parallel);
+  L.prompts = prompts.empty() && !o.prompt_ids.empty() ? parse_prompt_ids(o.prompt_ids) : std::move(prompts);
+  if (L.world->size() > 1) {
+    std::string ids;
+    for (const auto& p : L.prompts) ids += fmt::format("{};", fmt::join(p, ","));
+    check_same_on_all_ranks(*L.world,
+                            {{"flags", fmt::format("--model {} --dtype {} --quantize {} --max-seq-len {} {} {}",
+                                                   o.model_dir, o.dtype, o.quantize, o.max_seq_len,
+                                                   o.parallel.flags_string(), extra_flags)},
+                                       {"prompts", ids}});
+  }
+  int64_t longest = 0;
+  for (const auto& p : L.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  ModelOptions mo;
+  mo.dtype = parse_dtype(o.dtype);
+  mo.quantize_w8a8 = o.quantize == "w8a8";
+  mo.max_seq = o.max_seq_len > 0 ? o.max_seq_len : std::max<int64_t>(1, longest + max_new);
+  mo.n_slots = static_cast<int64_t>((L.prompts.size() + o.parallel.par.dp - 1) / o.parallel.par.dp);
+  mo.world = L.world;
+  mo.par = o.parallel.par;
+  mo.ep = o.parallel.ep_options();
+  mo.count_experts = count_experts;
+  if (tweak) tweak(mo);
+  L.model = Model::load(o.model_dir, mo);
+  L.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return L;
+}
+
+}  // namespace moe

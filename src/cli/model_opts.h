@@ -1,0 +1,45 @@
+// The model flags shared by the verbs that load a whole model (forward, generate,
+// chat, serve) and the load itself, with the cross-rank consistency check.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/parallel_opts.h"
+#include "model/model.h"
+
+namespace CLI {
+class App;
+}
+
+namespace moe {
+
+struct CommonOpts {
+  std::string model_dir, prompt_ids, dtype = "f32", quantize = "none";
+  int64_t max_seq_len = 0;
+  ParallelOptions parallel;
+};
+
+// "bf16" or "bf16 (routed experts w8a8)", for the summaries.
+std::string weights_desc(const CommonOpts& o);
+
+// --model, --prompt-ids, --dtype, --quantize, --max-seq-len and the parallel flags.
+void add_common(CLI::App* cmd, CommonOpts& o);
+
+struct Loaded {
+  Communicator* world = nullptr;
+  std::unique_ptr<Model> model;
+  std::vector<std::vector<int32_t>> prompts;
+  double load_s = 0;
+};
+
+// Loads the model of `o` on every rank (after checking that every rank has the same
+// flags and prompts). prompts: the batch as ids (from --prompt-ids when empty); the KV
+// cache gets one slot per prompt and replica, sized for the longest prompt + max_new
+// unless --max-seq-len; `tweak` may change the model options last (serve, chat).
+Loaded load(const CommonOpts& o, int64_t max_new, bool count_experts, const std::string& extra_flags,
+            std::vector<std::vector<int32_t>> prompts = {}, const std::function<void(ModelOptions&)>& tweak = {});
+
+}  // namespace moe

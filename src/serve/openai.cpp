@@ -1,0 +1,562 @@
+#include "serve/openai.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <random>
+
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace moe::serve {
+
+using json = Json;
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& message, int status = 400,
+                      const std::string& code = "") {
+  throw ServeError{status, "invalid_request_error", message, param, code};
+}
+
+// The deepest nesting of arrays/objects in a JSON text, stopping early past `limit`.
+// A byte scan (strings skipped) is enough: the parser rejects what is not JSON anyway.
+int json_depth(std::string_view s, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : s) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) break;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+uint64_t random_u64() {
+  // One generator per thread: ids and seeds must differ between requests, not be secret.
+  thread_local std::mt19937_64 rng([] {
+    std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ rd();
+  }());
+  return rng();
+}
+
+// Typed access to the fields of a request object. Absent and null fields are the same
+// (OpenAI clients send null for "not set"); a present field of the wrong type is a 400
+// naming it.
+class Fields {
+ public:
+  // prefix: where this object sits in the request ("messages[2]."), for error messages.
+  explicit Fields(const json& j, std::string prefix = "") : j_(j), prefix_(std::move(prefix)) {}
+
+  const json* get(const std::string& name) const {
+    auto it = j_.find(name);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  bool boolean(const std::string& name, bool def) const {
+    const json* v = get(name);
+    if (!v) return def;
+    if (!v->is_boolean()) wrong_type(prefix_ + name, "a boolean", *v);
+    return v->get<bool>();
+  }
+  std::optional<double> number(const std::string& name) const {
+    const json* v = get(name);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) wrong_type(prefix_ + name, "a number", *v);
+    return v->get<double>();
+  }
+  double number_in(const std::string& name, double def, double lo, double hi, bool lo_open = false) const {
+    auto v = number(name);
+    if (!v) return def;
+    if (!(lo_open ? *v > lo : *v >= lo) || !(*v <= hi))
+      bad(name, fmt::format("'{}' must be in {}{}, {}], got {}", name, lo_open ? "(" : "[", lo, hi, *v));
+    return *v;
+  }
+  std::optional<int64_t> integer(const std::string& name) const {
+    const json* v = get(name);
+    if (!v) return std::nullopt;
+    return as_integer(prefix_ + name, *v);
+  }
+  static int64_t as_integer(const std::string& name, const json& v) {
+    if (v.is_number_unsigned()) {
+      if (v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+        bad(name, fmt::format("'{}' is too large: {}", name, v.get<uint64_t>()));
+      return int64_t(v.get<uint64_t>());
+    }
+    if (v.is_number_integer()) return v.get<int64_t>();
+    // 16.0 is an integer to JavaScript clients; 16.5 is not.
+    if (v.is_number_float()) {
+      double d = v.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18) return int64_t(d);
+    }
+    wrong_type(name, "an integer", v);
+  }
+  std::string string(const std::string& name) const {
+    const json* v = get(name);
+    if (!v) return "";
+    if (!v->is_string()) wrong_type(prefix_ + name, "a string", *v);
+    return v->get<std::string>();
+  }
+  [[noreturn]] static void wrong_type(const std::string& name, const char* expected, const json& got) {
+    bad(name, fmt::format("'{}' must be {}, got {}", name, expected, got.type_name()));
+  }
+
+ private:
+  const json& j_;
+  std::string prefix_;
+};
+
+// Content as a string or null: a list of text parts is joined with newlines (as vLLM
+// renders the "string" content format), so templates that expect a string work.
+json message_content(const json& c, const std::string& param) {
+  if (c.is_null() || c.is_string()) return c;
+  if (!c.is_array()) Fields::wrong_type(param, "a string, a list of content parts or null", c);
+  std::string text;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const std::string p = fmt::format("{}[{}]", param, i);
+    const json& part = c[i];
+    if (!part.is_object()) Fields::wrong_type(p, "a content part object", part);
+    Fields f(part, p + ".");
+    const std::string type = f.string("type");
+    if (type != "text")
+      bad(p + ".type", fmt::format("content part type '{}' is not supported: only 'text' parts", type));
+    if (!f.get("text")) bad(p + ".text", "a text part needs 'text'");
+    if (i) text += '\n';
+    text += f.string("text");
+  }
+  return text;
+}
+
+json check_messages(const json* msgs) {
+  if (!msgs) bad("messages", "'messages' is required");
+  if (!msgs->is_array()) Fields::wrong_type("messages", "a list of messages", *msgs);
+  if (msgs->empty()) bad("messages", "'messages' must contain at least one message");
+  json out = json::array();
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const std::string p = fmt::format("messages[{}]", i);
+    const json& m = (*msgs)[i];
+    if (!m.is_object()) Fields::wrong_type(p, "a message object", m);
+    Fields f(m, p + ".");
+    std::string role = f.string("role");
+    if (role.empty()) bad(p + ".role", "every message needs a 'role'");
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
+      bad(p + ".role",
+          fmt::format("unknown role '{}': expected system, user, assistant, tool or developer", role));
+    // Chat templates know "system"; OpenAI's "developer" is its newer name.
+    if (role == "developer") role = "system";
+    // Other keys pass through to the template (it may use them); the known ones are checked.
+    json msg = m;
+    msg["role"] = role;
+    msg["content"] = message_content(m.contains("content") ? m["content"] : json(), p + ".content");
+    for (const char* key : {"tool_call_id", "name", "reasoning_content"})
+      if (f.get(key)) f.string(key);  // type check only
+    if (const json* calls = f.get("tool_calls")) {
+      if (!calls->is_array()) Fields::wrong_type(p + ".tool_calls", "a list", *calls);
+      for (size_t k = 0; k < calls->size(); ++k) {
+        const std::string cp = fmt::format("{}.tool_calls[{}]", p, k);
+        json& call = msg["tool_calls"][k];
+        if (!call.is_object()) Fields::wrong_type(cp, "a tool call object", call);
+        auto fn = call.find("function");
+        if (fn == call.end() || !fn->is_object()) bad(cp + ".function", "a tool call needs a 'function' object");
+        // OpenAI sends arguments as a JSON string; templates index them as a mapping
+        // (transformers' convention), so parse them when they are an object (vLLM does too).
+        auto args = fn->find("arguments");
+        if (args != fn->end() && args->is_string()) {
+          json parsed = json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          if (parsed.is_object()) *args = std::move(parsed);
+        }
+      }
+    }
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+// The prompt of /v1/completions as token ids; *echo gets its text.
+std::vector<int32_t> completion_prompt(const json* prompt, const ModelContext& m, std::string* echo) {
+  if (!prompt) bad("prompt", "'prompt' is required");
+  const json* p = prompt;
+  // A one-element list of a string or of ids is the same prompt; more is a batch.
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+  if (p->is_string()) {
+    *echo = p->get<std::string>();
+    text::EncodeOptions opt;
+    opt.add_special_tokens = true;
+    opt.parse_special = true;
+    try {
+      return m.tokenizer->encode(*echo, opt);
+    } catch (const std::exception& e) {
+      bad("prompt", fmt::format("the prompt could not be tokenized: {}", e.what()));
+    }
+  }
+  if (!p->is_array()) Fields::wrong_type("prompt", "a string or a list of token ids", *p);
+  std::vector<int32_t> ids;
+  ids.reserve(p->size());
+  const int64_t vocab = m.tokenizer->vocab_size();
+  for (size_t i = 0; i < p->size(); ++i) {
+    const json& v = (*p)[i];
+    if (v.is_string() || v.is_array())
+      bad("prompt", "batched prompts (a list of several prompts) are not supported: send one prompt per request");
+    const int64_t id = Fields::as_integer(fmt::format("prompt[{}]", i), v);
+    if (id < 0 || id >= vocab)
+      bad("prompt", fmt::format("token id {} at prompt[{}] is out of range [0, {})", id, i, vocab));
+    ids.push_back(int32_t(id));
+  }
+  try {
+    *echo = m.tokenizer->decode(ids);
+  } catch (const std::exception&) {
+    echo->clear();  // ids are in range, so this does not happen; echo is best effort
+  }
+  return ids;
+}
+
+std::vector<int32_t> chat_prompt(const Fields& f, const ModelContext& m) {
+  text::ChatRequest chat;
+  chat.messages = check_messages(f.get("messages"));
+  if (const json* tools = f.get("tools")) {
+    if (!tools->is_array()) Fields::wrong_type("tools", "a list of tools", *tools);
+    for (size_t i = 0; i < tools->size(); ++i)
+      if (!(*tools)[i].is_object()) Fields::wrong_type(fmt::format("tools[{}]", i), "a tool object", (*tools)[i]);
+    chat.tools = *tools;
+  }
+  if (const json* tc = f.get("tool_choice")) {
+    if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
+      bad("tool_choice", fmt::format("tool_choice {} is not supported: only \"auto\" and \"none\"", tc->dump()));
+    // "none": the model is not offered the tools at all.
+    if (*tc == "none") chat.tools = json();
+  }
+  if (const json* docs = f.get("documents")) {  // RAG templates (Command-R, Granite) read them
+    if (!docs->is_array()) Fields::wrong_type("documents", "a list of documents", *docs);
+    chat.documents = *docs;
+  }
+  if (const json* kw = f.get("chat_template_kwargs")) {
+    if (!kw->is_object()) Fields::wrong_type("chat_template_kwargs", "an object", *kw);
+    chat.kwargs = *kw;
+  }
+  chat.add_generation_prompt = f.boolean("add_generation_prompt", true);
+  if (!m.chat_template)
+    bad("messages", fmt::format("model '{}' has no chat template: use /v1/completions, or start the server with "
+                                "--chat-template", m.name));
+  std::string rendered;
+  try {
+    rendered = m.chat_template->render(chat, m.tokenizer->special_tokens());
+  } catch (const std::exception& e) {
+    bad("messages", fmt::format("the chat template could not render these messages: {}", e.what()));
+  }
+  text::EncodeOptions opt;
+  opt.add_special_tokens = false;  // the template wrote BOS (if the model has one)
+  opt.parse_special = true;
+  try {
+    return m.tokenizer->encode(rendered, opt);
+  } catch (const std::exception& e) {
+    bad("messages", fmt::format("the rendered chat could not be tokenized: {}", e.what()));
+  }
+}
+
+void unsupported(const Fields& f) {
+  for (const char* key : {"n", "best_of"})
+    if (auto n = f.integer(key); n && *n != 1)
+      bad(key, fmt::format("'{}' must be 1: this server returns one choice per request, got {}", key, *n));
+  if (const json* s = f.get("suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
+    bad("suffix", "'suffix' is not supported");
+  if (const json* lb = f.get("logit_bias"); lb && !lb->empty()) bad("logit_bias", "'logit_bias' is not supported");
+  if (const json* rf = f.get("response_format")) {
+    if (!rf->is_object()) Fields::wrong_type("response_format", "an object", *rf);
+    auto t = rf->find("type");
+    if (t != rf->end() && *t != "text")
+      bad("response_format", fmt::format("response_format {} is not supported: only {{\"type\": \"text\"}}", t->dump()));
+  }
+}
+
+}  // namespace
+
+ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m) {
+  if (json_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
+    bad("", fmt::format("the request body nests JSON deeper than {} levels", kMaxJsonDepth));
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    // nlohmann's parser checks UTF-8 (and \u escapes) in strings, so this is also the
+    // "invalid UTF-8" answer.
+    bad("", fmt::format("malformed JSON in the request body: {}", e.what()));
+  }
+  if (!j.is_object()) bad("", fmt::format("the request body must be a JSON object, got {}", j.type_name()));
+  Fields f(j);
+
+  if (const json* model = f.get("model")) {
+    if (!model->is_string()) Fields::wrong_type("model", "a string", *model);
+    if (*model != m.name)
+      bad("model", fmt::format("The model '{}' does not exist: this server serves '{}'", model->get<std::string>(), m.name),
+          404, "model_not_found");
+  }
+  unsupported(f);
+
+  ApiRequest r;
+  r.api = api;
+  RequestParams& p = r.params;
+  // The cheap checks first: a bad field fails before the prompt is rendered and tokenized.
+  p.sampling.temperature = f.number_in("temperature", m.defaults.temperature, 0, 2);
+  p.sampling.top_p = f.number_in("top_p", m.defaults.top_p, 0, 1, /*lo_open=*/true);
+  p.sampling.top_k = m.defaults.top_k;
+  if (auto k = f.integer("top_k")) {
+    if (*k < -1) bad("top_k", fmt::format("'top_k' must be -1 or 0 (off) or at least 1, got {}", *k));
+    p.sampling.top_k = *k <= 0 ? 0 : *k;
+  }
+  if (const json* seed = f.get("seed")) {
+    if (seed->is_number_unsigned()) p.sampling.seed = seed->get<uint64_t>();
+    else p.sampling.seed = uint64_t(Fields::as_integer("seed", *seed));
+  } else {
+    p.sampling.seed = random_u64();  // requests without a seed differ from each other
+  }
+  p.presence_penalty = f.number_in("presence_penalty", 0, -2, 2);
+  p.frequency_penalty = f.number_in("frequency_penalty", 0, -2, 2);
+  p.ignore_eos = f.boolean("ignore_eos", false);
+  p.skip_special_tokens = f.boolean("skip_special_tokens", true);
+
+  if (const json* stop = f.get("stop")) {
+    if (stop->is_string()) {
+      p.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      // OpenAI allows 4; more cost the engine little, but some bound keeps it cheap.
+      if (stop->size() > 64) bad("stop", fmt::format("'stop' may have at most 64 strings, got {}", stop->size()));
+      for (size_t i = 0; i < stop->size(); ++i) {
+        if (!(*stop)[i].is_string()) Fields::wrong_type(fmt::format("stop[{}]", i), "a string", (*stop)[i]);
+        p.stop.push_back((*stop)[i].get<std::string>());
+      }
+    } else {
+      Fields::wrong_type("stop", "a string or a list of strings", *stop);
+    }
+    std::erase_if(p.stop, [](const std::string& s) { return s.empty(); });
+  }
+
+  // Logprobs: chat has a flag plus top_logprobs (0..20), completions an integer (0..5).
+  if (api == Api::chat) {
+    const bool want = f.boolean("logprobs", false);
+    const int64_t top = f.integer("top_logprobs").value_or(0);
+    if (top < 0 || top > 20) bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, 20], got {}", top));
+    if (top > 0 && !want) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (want) p.top_logprobs = int(top);
+  } else if (auto lp = f.integer("logprobs")) {
+    if (*lp < 0 || *lp > 5) bad("logprobs", fmt::format("'logprobs' must be in [0, 5], got {}", *lp));
+    p.top_logprobs = int(*lp);
+  }
+  r.logprobs = p.top_logprobs >= 0;
+  r.echo = api == Api::completions && f.boolean("echo", false);
+  if (r.echo && r.logprobs)
+    bad("echo", "'echo' together with 'logprobs' is not supported: prompt logprobs are not computed");
+
+  r.stream = f.boolean("stream", false);
+  if (const json* so = f.get("stream_options")) {
+    if (!so->is_object()) Fields::wrong_type("stream_options", "an object", *so);
+    Fields sf(*so, "stream_options.");
+    r.include_usage = sf.boolean("include_usage", false);
+  }
+
+  const char* len_field = f.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  std::optional<int64_t> max_tokens = f.integer(len_field);
+  if (max_tokens && *max_tokens < 1) bad(len_field, fmt::format("'{}' must be at least 1, got {}", len_field, *max_tokens));
+
+  // The prompt.
+  if (api == Api::chat) {
+    p.prompt_ids = chat_prompt(f, m);
+  } else {
+    p.prompt_ids = completion_prompt(f.get("prompt"), m, &r.echo_text);
+    if (!r.echo) r.echo_text.clear();
+  }
+  const char* prompt_field = api == Api::chat ? "messages" : "prompt";
+  const int64_t P = int64_t(p.prompt_ids.size());
+  r.prompt_tokens = P;
+  if (P == 0) bad(prompt_field, "the prompt is empty after tokenization");
+
+  // Length: the completion may not run past the context.
+  const int64_t L = m.max_model_len;
+  if (P >= L)
+    bad(prompt_field,
+        fmt::format("This model's maximum context length is {} tokens. However, your prompt has {} tokens, which leaves "
+                    "no room for a completion. Please reduce the length of the prompt.", L, P),
+        400, "context_length_exceeded");
+  if (max_tokens && *max_tokens > L - P)
+    bad(len_field,
+        fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the "
+                    "prompt, {} for the completion). Please reduce the length of the prompt or '{}'.",
+                    L, P + *max_tokens, P, *max_tokens, len_field),
+        400, "context_length_exceeded");
+  p.max_tokens = max_tokens.value_or(L - P);
+
+  return r;
+}
+
+std::string new_response_id(Api api) {
+  return fmt::format("{}{:016x}{:016x}", api == Api::chat ? "chatcmpl-" : "cmpl-", random_u64(), random_u64());
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse_event(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+json error_json(const ServeError& e) {
+  return {{"error",
+           {{"message", e.message},
+            {"type", e.type},
+            {"param", e.param.empty() ? json() : json(e.param)},
+            {"code", e.code.empty() ? json() : json(e.code)}}}};
+}
+
+namespace {
+
+// JSON has no -inf; vLLM writes -9999.0 for a token the filter made impossible.
+double finite_logprob(float lp) { return std::isfinite(lp) ? double(lp) : -9999.0; }
+
+std::string token_text(const text::Tokenizer& tok, int32_t id) {
+  try {
+    return tok.decode({id});
+  } catch (const std::exception&) {
+    return "";  // an id out of range is an engine bug; the logprobs entry stays usable
+  }
+}
+
+json utf8_bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+// Characters (code points) in UTF-8 text: OpenAI's text_offset counts characters.
+int64_t char_count(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}
+json chat_logprobs(const std::vector<TokenLogprob>& toks, const text::Tokenizer& tok) {
+  json content = json::array();
+  for (const TokenLogprob& t : toks) {
+    const std::string s = token_text(tok, t.id);
+    json top = json::array();
+    for (const auto& [id, lp] : t.top) {
+      const std::string ts = token_text(tok, id);
+      top.push_back({{"token", ts}, {"logprob", finite_logprob(lp)}, {"bytes", utf8_bytes(ts)}});
+    }
+    content.push_back({{"token", s}, {"logprob", finite_logprob(t.logprob)}, {"bytes", utf8_bytes(s)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+// completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; *offset is
+// the characters of the choice's text before these tokens and advances past them.
+json completion_logprobs(const std::vector<TokenLogprob>& toks, const text::Tokenizer& tok, int64_t* offset) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob& t : toks) {
+    const std::string s = token_text(tok, t.id);
+    tokens.push_back(s);
+    lps.push_back(finite_logprob(t.logprob));
+    json top = json::object();
+    for (const auto& [id, lp] : t.top) top[token_text(tok, id)] = finite_logprob(lp);
+    tops.push_back(std::move(top));
+    offsets.push_back(*offset);
+    *offset += char_count(s);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json usage_json(int64_t prompt, int64_t completion) {
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+}
+
+}  // namespace
+
+json response_json(const ApiRequest& req, const ResponseMeta& meta, const Output& out, const text::Tokenizer& tok) {
+  json choice;
+  if (req.api == Api::chat) {
+    choice = {{"index", 0},
+              {"message", {{"role", "assistant"}, {"content", out.text}}},
+              {"logprobs", req.logprobs ? chat_logprobs(out.tokens, tok) : json()},
+              {"finish_reason", finish_reason(out.finish)}};
+  } else {
+    int64_t offset = char_count(req.echo_text);
+    choice = {{"index", 0},
+              {"text", req.echo_text + out.text},
+              {"logprobs", req.logprobs ? completion_logprobs(out.tokens, tok, &offset) : json()},
+              {"finish_reason", finish_reason(out.finish)}};
+  }
+  return {{"id", meta.id},
+          {"object", req.api == Api::chat ? "chat.completion" : "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array({choice})},
+          {"usage", usage_json(req.prompt_tokens, out.completion_tokens)}};
+}
+
+ChunkWriter::ChunkWriter(const ApiRequest& req, ResponseMeta meta, const text::Tokenizer& tok)
+    : req_(req), meta_(std::move(meta)), tok_(tok) {}
+
+json ChunkWriter::chunk(json choice) const {
+  json c = {{"id", meta_.id},
+            {"object", req_.api == Api::chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", meta_.created},
+            {"model", meta_.model},
+            {"choices", json::array({std::move(choice)})}};
+  // OpenAI: with include_usage every chunk has "usage": null but the last.
+  if (req_.include_usage) c["usage"] = nullptr;
+  return c;
+}
+
+std::string ChunkWriter::start() {
+  if (req_.api == Api::chat)
+    return sse_event(chunk({{"index", 0},
+                            {"delta", {{"role", "assistant"}, {"content", ""}}},
+                            {"logprobs", nullptr},
+                            {"finish_reason", nullptr}}));
+  if (req_.echo_text.empty()) return "";
+  text_offset_ = char_count(req_.echo_text);
+  return sse_event(chunk({{"index", 0}, {"text", req_.echo_text}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+}
+
+std::string ChunkWriter::delta(const Delta& d) {
+  // Tokens whose text is still held back (a possible stop string) are sent with their
+  // logprobs and empty text; without logprobs there is nothing to send yet.
+  if (d.text.empty() && (d.tokens.empty() || !req_.logprobs)) return "";
+  if (req_.api == Api::chat)
+    return sse_event(chunk({{"index", 0},
+                            {"delta", {{"content", d.text}}},
+                            {"logprobs", req_.logprobs ? chat_logprobs(d.tokens, tok_) : json()},
+                            {"finish_reason", nullptr}}));
+  json lp = req_.logprobs ? completion_logprobs(d.tokens, tok_, &text_offset_) : json();
+  return sse_event(chunk({{"index", 0}, {"text", d.text}, {"logprobs", std::move(lp)}, {"finish_reason", nullptr}}));
+}
+
+std::string ChunkWriter::end(Finish f, int64_t completion_tokens) {
+  std::string out;
+  if (req_.api == Api::chat)
+    out = sse_event(chunk({{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", finish_reason(f)}}));
+  else
+    out = sse_event(chunk({{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish_reason(f)}}));
+  if (req_.include_usage) {
+    json u = chunk(json());
+    u["choices"] = json::array();
+    u["usage"] = usage_json(req_.prompt_tokens, completion_tokens);
+    out += sse_event(u);
+  }
+  return out + "data: [DONE]\n\n";
+}
+
+std::string ChunkWriter::error(const ServeError& e) { return sse_event(error_json(e)) + "data: [DONE]\n\n"; }
+
+}  // namespace moe::serve

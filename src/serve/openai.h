@@ -1,0 +1,128 @@
+// The OpenAI protocol: request bodies of POST /v1/chat/completions and /v1/completions
+// checked and turned into RequestParams, and the response bodies (whole, or the SSE
+// chunks of a stream) built from what the engine returned. No HTTP here.
+//
+// Prompts: a chat's messages are rendered with the model's chat template and tokenized
+// with parse_special=true and add_special_tokens=false (the template writes BOS itself),
+// as transformers' apply_chat_template(tokenize=True) and vLLM do; a completion's string
+// prompt is tokenized with add_special_tokens=true and parse_special=true (vLLM). So the
+// string of a special token inside user text (e.g. "<|im_end|>") becomes that control
+// token, exactly as in vLLM and transformers: a client can write any prompt it likes
+// through /v1/completions anyway, and the model's answer is all it gets back. A deployment
+// that renders chats for untrusted third parties on a trusted system prompt should keep
+// that in mind.
+//
+// Deliberate limits, each answered with 400 naming the field: n > 1 and best_of > 1 (one
+// choice per request), batched prompts (a list of several strings or lists), non-text
+// content parts (images, audio), tool_choice other than "auto"/"none", logit_bias,
+// response_format other than text, suffix, echo together with logprobs (the engine does
+// not compute prompt logprobs). tools, documents and chat_template_kwargs go to the
+// template; tool_choice "none" leaves the tools out. Tool calls in the model's output
+// are not parsed: the text comes back as content (reasoning is not split off either).
+// Unknown fields are ignored, as OpenAI-compatible servers do.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "serve/engine.h"
+
+namespace moe::serve {
+
+// Requests and responses keep their keys in order: a tool schema reaches the chat
+// template as the client wrote it (templates print it with tojson, as Python dicts
+// keep insertion order), and responses read in OpenAI's field order.
+using Json = nlohmann::ordered_json;
+
+enum class Api { chat, completions };
+
+// Values for the sampling fields a request leaves out. OpenAI's defaults; the serve verb
+// may fill them from the model's generation_config.json as vLLM does.
+struct SamplingDefaults {
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;  // 0: off
+};
+
+// What checking a request needs of the served model.
+struct ModelContext {
+  std::string name;  // the served model name: a request's "model" must equal it (or be absent)
+  int64_t max_model_len = 0;
+  const text::Tokenizer* tokenizer = nullptr;
+  const text::ChatTemplate* chat_template = nullptr;  // nullptr: chat requests get 400
+  SamplingDefaults defaults;
+};
+
+// A checked request: what the engine runs, plus what the response needs.
+struct ApiRequest {
+  Api api = Api::chat;
+  RequestParams params;
+  int64_t prompt_tokens = 0;   // params.prompt_ids.size() (params moves into the engine)
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  bool logprobs = false;       // the response carries logprobs (params.top_logprobs >= 0)
+  std::string echo_text;       // completions with echo: the prompt, returned before the text
+  bool echo = false;
+};
+
+// Throws ServeError: 400 naming the field (`param`) and what was expected, 404 for a
+// model that is not served. Tokenizer or template failures are 400 too: they come from
+// the request's content.
+ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m);
+
+// The deepest JSON nesting a body may have. Deeper bodies would make the recursive JSON
+// copies and the template's walks run out of stack; no real request comes near it.
+inline constexpr int kMaxJsonDepth = 64;
+
+// "chatcmpl-<32 hex>" / "cmpl-<32 hex>".
+std::string new_response_id(Api api);
+
+struct ResponseMeta {
+  std::string id;
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+// A finished request's output.
+struct Output {
+  std::string text;
+  std::vector<TokenLogprob> tokens;
+  Finish finish = Finish::none;
+  int64_t completion_tokens = 0;
+};
+
+// chat.completion / text_completion.
+Json response_json(const ApiRequest& req, const ResponseMeta& meta, const Output& out,
+                             const text::Tokenizer& tok);
+
+// The SSE events of one streamed response, in order: start(), delta() per piece of
+// output, then end() (or error() when the engine failed). Each returns whole
+// "data: ...\n\n" events (possibly none: an empty string).
+class ChunkWriter {
+ public:
+  ChunkWriter(const ApiRequest& req, ResponseMeta meta, const text::Tokenizer& tok);
+  std::string start();  // chat: the delta {"role":"assistant"} chunk; completions: the echo, if any
+  std::string delta(const Delta& d);
+  std::string end(Finish f, int64_t completion_tokens);  // finish_reason chunk, usage chunk, [DONE]
+  std::string error(const ServeError& e);                // an error event, then [DONE]
+
+ private:
+  Json chunk(Json choice) const;
+  const ApiRequest& req_;
+  ResponseMeta meta_;
+  const text::Tokenizer& tok_;
+  int64_t text_offset_ = 0;  // completions logprobs: characters of text sent so far
+};
+
+// {"error": {"message", "type", "param", "code"}}: empty param/code become null.
+Json error_json(const ServeError& e);
+// JSON text that never throws: invalid UTF-8 (a token cut in a character) becomes U+FFFD.
+std::string dump_json(const Json& j);
+// One SSE event.
+std::string sse_event(const Json& j);
+
+}  // namespace moe::serve

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# moe-ep serve end to end, driven by curl (and jq to read the JSON): a real server on a
+# fixture model that has a tokenizer and a chat template.
+#   serve_e2e.sh BIN MODEL basic     one rank: answers equal `moe-ep generate`, streaming
+#                                    equals non-streaming, errors, 64 concurrent clients
+#                                    (some disconnecting), no KV leak, RSS flat, SIGTERM
+#   serve_e2e.sh BIN MODEL ep2       mpirun -np 2 --ep 2: the same answers as one rank,
+#                                    SIGTERM on rank 0 ends every rank with 0
+#   serve_e2e.sh BIN MODEL kill      mpirun -np 2 --ep 2: rank 1 killed under load ends
+#                                    the job non-zero in bounded time, clients see errors
+# Every loop is bounded; only 127.0.0.1 is contacted.
+set -euo pipefail
+BIN=$(realpath "$1"); MODEL=$(realpath "$2"); MODE=$3
+TMP=$(mktemp -d)
+SERVER_PID=""
+cleanup() {
+  [ -n "$SERVER_PID" ] && kill -9 "$SERVER_PID" 2>/dev/null || true
+  pkill -9 -f "moe-ep serve --model $MODEL" 2>/dev/null || true
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=PASSIVE OMPI_MCA_mpi_yield_when_idle=1
+fail() { echo "FAIL: $*"; echo "--- server log"; cat "$TMP/server.log" 2>/dev/null | tail -30; exit 1; }
+KEY=sekret
+NAME=e2e-model
+MAXTOK=12
+
+# start_server CMD...: runs it in the background, waits for the port line (60 s).
+start_server() {
+  "$@" > "$TMP/server.log" 2>&1 &
+  SERVER_PID=$!
+  for _ in $(seq 600); do
+    PORT=$(grep -o 'on http://127.0.0.1:[0-9]*' "$TMP/server.log" | head -1 | sed 's/.*://') || true
+    [ -n "${PORT:-}" ] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || fail "server exited during start"
+    sleep 0.1
+  done
+  [ -n "${PORT:-}" ] || fail "server did not start within 60 s"
+  URL="http://127.0.0.1:$PORT"
+}
+SERVE_FLAGS=(serve --model "$MODEL" --port 0 --served-model-name "$NAME" --api-key "$KEY" --max-model-len 128 --max-num-seqs 16
+             --max-batch-tokens 32)
+
+post() {  # post PATH JSON -> body on stdout, status in $TMP/status
+  curl -sS -m 60 -o "$TMP/body" -w '%{http_code}' -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
+    -d "$2" "$URL$1" > "$TMP/status" || true
+  cat "$TMP/body"
+}
+status() { cat "$TMP/status"; }
+chat_body() {  # chat_body TEXT STREAM
+  jq -cn --arg t "$1" --arg m "$NAME" --argjson s "$2" --argjson n $MAXTOK \
+    '{model: $m, messages: [{role: "user", content: $t}], max_tokens: $n, temperature: 0, stream: $s,
+      stream_options: {include_usage: true}}'
+}
+completion_body() {
+  jq -cn --arg t "$1" --arg m "$NAME" --argjson s "$2" --argjson n $MAXTOK \
+    '{model: $m, prompt: $t, max_tokens: $n, temperature: 0, stream: $s}'
+}
+# The text of an SSE stream on stdin (chat deltas or completion texts), and a check of
+# the framing: every event is a data line, the last is [DONE].
+sse_text() {
+  local raw; raw=$(cat)
+  [ "$(printf '%s' "$raw" | grep -v '^$' | grep -vc '^data: ')" = 0 ] || { echo "BAD-FRAMING"; return; }
+  [ "$(printf '%s' "$raw" | grep '^data: ' | tail -1)" = "data: [DONE]" ] || { echo "NO-DONE"; return; }
+  printf '%s' "$raw" | grep '^data: {' | sed 's/^data: //' |
+    jq -j '(.choices[0].delta.content // .choices[0].text // "")'
+}
+PROMPTS=("Hello, how are you?" "Write a haiku about the sea." "日本語で答えてください。" "1 2 3 4 5")
+
+# What `moe-ep generate` says for the same prompts (one rank, greedy): the reference.
+reference() {
+  local args=()
+  for p in "${PROMPTS[@]}"; do args+=(--chat "$p"); done
+  "$BIN" generate --model "$MODEL" "${args[@]}" --max-new-tokens $MAXTOK --output-json "$TMP/gen_chat.json" --quiet
+  args=()
+  for p in "${PROMPTS[@]}"; do args+=(--prompt "$p"); done
+  "$BIN" generate --model "$MODEL" "${args[@]}" --max-new-tokens $MAXTOK --output-json "$TMP/gen_text.json" --quiet
+}
+
+check_answers() {  # every prompt: chat and completion, streamed and not, equal the reference
+  local i=0
+  for p in "${PROMPTS[@]}"; do
+    want=$(jq -j ".text[$i]" "$TMP/gen_chat.json")
+    got=$(post /v1/chat/completions "$(chat_body "$p" false)" | jq -j '.choices[0].message.content')
+    [ "$(status)" = 200 ] || fail "chat $i: status $(status): $(cat "$TMP/body")"
+    [ "$got" = "$want" ] || fail "chat $i: got '$got', generate gave '$want'"
+    usage=$(jq -c '.usage' "$TMP/body")
+    [ "$(jq '.completion_tokens' <<<"$usage")" -ge 1 ] || fail "chat $i: usage $usage"
+    got=$(post /v1/chat/completions "$(chat_body "$p" true)" | sse_text)
+    [ "$got" = "$want" ] || fail "chat $i streamed: got '$got', want '$want'"
+    grep -q '"usage":{' "$TMP/body" || fail "chat $i streamed: no usage chunk (include_usage)"
+    want=$(jq -j ".text[$i]" "$TMP/gen_text.json")
+    got=$(post /v1/completions "$(completion_body "$p" false)" | jq -j '.choices[0].text')
+    [ "$got" = "$want" ] || fail "completion $i: got '$got', generate gave '$want'"
+    got=$(post /v1/completions "$(completion_body "$p" true)" | sse_text)
+    [ "$got" = "$want" ] || fail "completion $i streamed: got '$got', want '$want'"
+    i=$((i + 1))
+  done
+  echo "ok: ${#PROMPTS[@]} prompts x (chat, completion) x (stream, not) equal moe-ep generate"
+}
+
+rank_pid() {  # the pid of MPI rank $1 of the server
+  local p
+  for p in $(pgrep -f "moe-ep serve --model $MODEL" || true); do
+    if tr '\0' '\n' < /proc/"$p"/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then echo "$p"; return; fi
+  done
+}
+metric() { curl -sS -m 10 "$URL/metrics" | grep "^$1 " | awk '{print $2}'; }
+rss_kb() { awk '/VmRSS/ {print $2}' /proc/"$1"/status; }
+
+case "$MODE" in
+basic)
+  reference
+  start_server "$BIN" "${SERVE_FLAGS[@]}"
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] || fail "/health not 200"
+  [ "$(curl -s -H "Authorization: Bearer $KEY" "$URL/v1/models" | jq -r '.data[0].id')" = "$NAME" ] || fail "/v1/models"
+  check_answers
+  # Errors, each with its status and OpenAI's error shape.
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -d '{}' "$URL/v1/chat/completions")" = 401 ] || fail "no key: not 401"
+  post /v1/chat/completions '{"model": "e2e-model", "messages": [' >/dev/null; [ "$(status)" = 400 ] || fail "truncated JSON: $(status)"
+  jq -e '.error.message' "$TMP/body" >/dev/null || fail "error shape: $(cat "$TMP/body")"
+  post /v1/chat/completions '{"model": "nope", "messages": [{"role": "user", "content": "x"}]}' >/dev/null
+  [ "$(status)" = 404 ] || fail "unknown model: $(status)"
+  post /v1/chat/completions '{"model": "e2e-model", "messages": "hi"}' >/dev/null; [ "$(status)" = 400 ] || fail "wrong type: $(status)"
+  post /v1/completions "{\"model\": \"$NAME\", \"prompt\": \"$(printf 'x %.0s' $(seq 300))\", \"max_tokens\": 4}" >/dev/null
+  [ "$(status)" = 400 ] || fail "prompt longer than the context: $(status)"
+  head -c 10000000 /dev/zero | tr '\0' 'a' > "$TMP/big"
+  code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $KEY" --data-binary @"$TMP/big" "$URL/v1/completions")
+  [ "$code" = 413 ] || fail "10 MB body: $code"
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/nothing")" = 404 ] || fail "unknown route: not 404"
+  echo "ok: 401 / 400 / 404 / 413 answered"
+  # 64 concurrent streaming clients, every 4th hangs up after 0.2 s; the others must get
+  # exactly their solo answers.
+  pids=()
+  for c in $(seq 0 63); do
+    p="${PROMPTS[$((c % 4))]}"
+    if [ $((c % 4)) = 3 ]; then mt=(-m 0.2); else mt=(-m 120); fi
+    curl -sS -N "${mt[@]}" -H "Authorization: Bearer $KEY" -d "$(chat_body "$p" true)" "$URL/v1/chat/completions" \
+      > "$TMP/c$c.sse" 2>/dev/null &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || true; done
+  for c in $(seq 0 63); do
+    [ $((c % 4)) = 3 ] && continue
+    want=$(jq -j ".text[$((c % 4))]" "$TMP/gen_chat.json")
+    got=$(sse_text < "$TMP/c$c.sse")
+    [ "$got" = "$want" ] || fail "concurrent client $c: got '$got', want '$want'"
+  done
+  sleep 1
+  [ "$(metric moe_ep_requests_running)" = 0 ] || fail "requests still running after the clients left"
+  [ "$(metric moe_ep_kv_cache_blocks_used)" = 0 ] || fail "KV blocks leaked: $(metric moe_ep_kv_cache_blocks_used)"
+  echo "ok: 64 concurrent clients (16 hung up): answers equal solo, no slot or KV block left held"
+  # RSS after 50 and after 500 requests.
+  many() { for k in $(seq "$1"); do post /v1/completions "$(completion_body "${PROMPTS[$((k % 4))]}" false)" >/dev/null; done; }
+  many 50; r50=$(rss_kb "$SERVER_PID"); many 450; r500=$(rss_kb "$SERVER_PID")
+  echo "RSS after 50 requests ${r50} kB, after 500 ${r500} kB"
+  [ $((r500 - r50)) -lt 8192 ] || fail "RSS grew by $((r500 - r50)) kB over 450 requests"
+  kill -TERM "$SERVER_PID"
+  rc=0; wait "$SERVER_PID" || rc=$?
+  SERVER_PID=""
+  [ "$rc" = 0 ] || fail "SIGTERM: exit code $rc"
+  echo "ok: SIGTERM -> exit 0"
+  ;;
+ep2)
+  reference
+  start_server mpirun -np 2 --oversubscribe "$BIN" "${SERVE_FLAGS[@]}" --ep 2 --moe-comm alltoall --comm-timeout 20
+  check_answers
+  rank0=$(rank_pid 0)
+  [ -n "$rank0" ] || fail "cannot find rank 0"
+  kill -TERM "$rank0"
+  rc=0; wait "$SERVER_PID" || rc=$?
+  SERVER_PID=""
+  [ "$rc" = 0 ] || fail "SIGTERM on rank 0: mpirun exit code $rc"
+  echo "ok: --ep 2 answers equal one rank's; SIGTERM on rank 0 -> every rank exits 0"
+  ;;
+kill)
+  start_server mpirun -np 2 --oversubscribe "$BIN" "${SERVE_FLAGS[@]}" --ep 2 --comm-timeout 5
+  ( for round in $(seq 40); do
+      for c in $(seq 8); do
+        curl -sS -N -m 30 -H "Authorization: Bearer $KEY" -d "$(chat_body "${PROMPTS[$((c % 4))]}" true)" \
+          "$URL/v1/chat/completions" > "$TMP/k$round.$c.sse" 2>/dev/null &
+      done
+      wait
+    done ) &
+  LOAD=$!
+  sleep 1
+  rank1=$(rank_pid 1)
+  [ -n "$rank1" ] || fail "cannot find rank 1"
+  t0=$(date +%s)
+  kill -9 "$rank1"
+  rc=0
+  for _ in $(seq 600); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$SERVER_PID" 2>/dev/null && fail "the job still runs 60 s after rank 1 was killed"
+  wait "$SERVER_PID" || rc=$?
+  SERVER_PID=""
+  t1=$(date +%s)
+  kill "$LOAD" 2>/dev/null || true; wait "$LOAD" 2>/dev/null || true
+  [ "$rc" != 0 ] || fail "the job exited 0 after a rank was killed"
+  broken=0
+  for f in "$TMP"/k*.sse; do [ "$(sse_text < "$f")" = "NO-DONE" ] && broken=$((broken + 1)); done
+  echo "ok: rank 1 killed -> job exit code $rc after $((t1 - t0)) s; $broken streams ended without [DONE]"
+  ;;
+*) echo "unknown mode $MODE"; exit 2 ;;
+esac
+echo "serve_e2e $MODE: passed"
