@@ -2,7 +2,10 @@
 # The README's main job: builds moe-ep, runs the MoE block of a small Qwen3-MoE
 # model that ships with the repo (tests/fixtures/qwen3_moe, made by transformers)
 # and checks it against transformers' own output, runs it on 2 ranks with expert
-# parallelism, then benchmarks a layer of Qwen3-30B-A3B's shape on this machine.
+# parallelism, then benchmarks a layer of Qwen3-30B-A3B's shape on this machine;
+# then talks to a small model with a tokenizer and a chat template
+# (tests/fixtures/chat_qwen3): tokenize, a chat with `generate --chat`, and the same
+# chat through `moe-ep serve` and curl, on 1 and 2 ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -50,5 +53,35 @@ echo "transformers' greedy tokens for the same prompts ($MODEL/golden/greedy.jso
 grep -o '"generated": \[[0-9, ]*\]' $MODEL/golden/greedy.json | sed 's/"generated": /  /'
 
 echo
-echo "== 4. One Qwen3-30B-A3B-shaped MoE layer (H=2048, I=768, E=128, k=8), random bf16 weights"
+CHAT=tests/fixtures/chat_qwen3
+echo "== 4. Text: $CHAT has a tokenizer.json and a Qwen3-style chat template (random weights: the words are random too)"
+echo "moe-ep tokenize 'The quick brown fox': $($BIN tokenize --model $CHAT --text 'The quick brown fox')"
+echo "transformers' ids (golden):             $(jq -c '.prompts[] | select(.name == "plain_0") | .prompt_ids' \
+  $CHAT/golden/chat_greedy.json)"
+echo '[{"role": "system", "content": "You are a concise assistant."}, {"role": "user", "content": "What is the capital of France?"}]' > "$OUT/chat.json"
+echo "The chat rendered with the model's template:"
+$BIN tokenize --model $CHAT --chat-file "$OUT/chat.json" --add-generation-prompt --render-only --template-kwargs '{"enable_thinking": false}'
+echo "--- moe-ep generate --chat-file (streams the reply; stops at <|im_end|>):"
+$BIN generate --model $CHAT --chat-file "$OUT/chat.json" --template-kwargs '{"enable_thinking": false}' --max-new-tokens 12 2>/dev/null
+echo "--- transformers' greedy reply for the same chat (golden):"
+jq -r '.prompts[] | select(.name == "system_user") | .text' $CHAT/golden/chat_greedy.json
+
+echo
+echo "== 5. The same chat through moe-ep serve (OpenAI API) and curl, then under mpirun --ep 2"
+for ranks in 1 2; do
+  if [ $ranks = 1 ]; then launch=(); else launch=(mpirun -np 2 --oversubscribe); fi
+  "${launch[@]}" $BIN serve --model $CHAT --port 0 --served-model-name demo --max-model-len 256 --ep $ranks \
+    2> "$OUT/serve.log" &
+  SPID=$!
+  for _ in $(seq 300); do grep -q 'on http://' "$OUT/serve.log" && break; sleep 0.1; done
+  URL=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/serve.log" | head -1)
+  echo "$ranks rank(s): POST $URL/v1/chat/completions ->"
+  curl -s "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "{\"model\": \"demo\", \"max_tokens\": 12,
+    \"temperature\": 0, \"chat_template_kwargs\": {\"enable_thinking\": false}, \"messages\": $(cat "$OUT/chat.json")}" |
+    jq -c '{content: .choices[0].message.content, finish_reason: .choices[0].finish_reason, usage}'
+  kill -TERM $SPID; wait $SPID || true
+done
+
+echo
+echo "== 6. One Qwen3-30B-A3B-shaped MoE layer (H=2048, I=768, E=128, k=8), random bf16 weights"
 $BIN bench --shape qwen3-30b-a3b --tokens 1,16,128 --dtype bf16 --seconds 1

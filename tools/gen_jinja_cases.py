@@ -21,6 +21,7 @@ import os
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from jinja2 import meta  # noqa: E402
 from transformers.utils.chat_template_utils import _compile_jinja_template  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -520,6 +521,13 @@ def main():
         context = dict(BASE)
         if ctx:
             context.update(ctx)
+        # Keep only the variables the template reads (the file stays small); a template
+        # that does not parse keeps none.
+        try:
+            used = meta.find_undeclared_variables(_compile_jinja_template(template).environment.parse(template))
+        except Exception:  # noqa: BLE001
+            used = set()
+        context = {k: v for k, v in context.items() if k in used}
         entry = {"name": name, "template": template, "context": context}
         try:
             entry["output"] = render(template, context)

@@ -17,39 +17,51 @@ namespace moe::text {
 
 using js::json;
 
-void Vocab::build(std::vector<std::pair<std::string, int64_t>> entries, const std::string& where,
-                  bool allow_duplicate_ids) {
+void Vocab::build(std::vector<std::pair<std::string, int64_t>> entries, const std::string& where) {
   MOE_CHECK(entries.size() <= kMaxVocabEntries, "{}: vocabulary has {} entries, more than the supported {}", where,
             entries.size(), kMaxVocabEntries);
-  map_.clear();
+  map_ = FlatStrMap{};
   map_.reserve(entries.size());
   int64_t max_id = -1;
   for (auto& [tok, id] : entries) {
     MOE_CHECK(id >= 0 && id < (int64_t{1} << 31), "{}: token '{}' has id {}, outside [0, 2^31)", where, tok, id);
     max_id = std::max(max_id, id);
-    map_[std::move(tok)] = static_cast<int32_t>(id);
+    map_.insert(tok, static_cast<int32_t>(id));
   }
   end_id_ = max_id + 1;
   by_id_.clear();
+  has_.clear();
   sparse_.clear();
   const bool dense = end_id_ <= static_cast<int64_t>(2 * map_.size() + 65536);
-  if (dense) by_id_.assign(static_cast<size_t>(end_id_), nullptr);
-  for (const auto& [tok, id] : map_) {
-    const std::string*& slot = dense ? by_id_[static_cast<size_t>(id)] : sparse_[id];
-    if (slot != nullptr) {
-      MOE_CHECK(allow_duplicate_ids, "{}: id {} is used by two tokens ('{}' and '{}'); ids must be unique", where, id,
-                *slot, tok);
-      continue;
-    }
-    slot = &tok;
+  if (dense) {
+    by_id_.resize(static_cast<size_t>(end_id_));
+    has_.assign(static_cast<size_t>(end_id_), 0);
   }
+  map_.for_each([&](std::string_view tok, int32_t id) {
+    std::string* prev = nullptr;
+    if (dense) {
+      if (has_[static_cast<size_t>(id)]) prev = &by_id_[static_cast<size_t>(id)];
+    } else if (auto it = sparse_.find(id); it != sparse_.end()) {
+      prev = &it->second;
+    }
+    MOE_CHECK(prev == nullptr, "{}: id {} is used by two tokens ('{}' and '{}'); ids must be unique", where, id,
+              *prev, tok);
+    if (dense) {
+      by_id_[static_cast<size_t>(id)] = std::string(tok);
+      has_[static_cast<size_t>(id)] = 1;
+    } else {
+      sparse_.emplace(id, std::string(tok));
+    }
+  });
 }
 
 const std::string* Vocab::token(int32_t id) const {
   if (id < 0) return nullptr;
-  if (!by_id_.empty() || sparse_.empty()) return static_cast<size_t>(id) < by_id_.size() ? by_id_[id] : nullptr;
+  if (!has_.empty() || sparse_.empty())
+    return static_cast<size_t>(id) < has_.size() && has_[static_cast<size_t>(id)] ? &by_id_[static_cast<size_t>(id)]
+                                                                                   : nullptr;
   auto it = sparse_.find(id);
-  return it == sparse_.end() ? nullptr : it->second;
+  return it == sparse_.end() ? nullptr : &it->second;
 }
 
 std::vector<std::pair<std::string, int64_t>> read_vocab_map(const json& model, ParsedVocab* side,
@@ -78,7 +90,13 @@ constexpr size_t kCacheCapacity = 10'000;  // tokenizers' DEFAULT_CACHE_CAPACITY
 
 std::atomic<uint64_t> g_next_cache_id{1};
 
-using WordCache = std::unordered_map<std::string, std::vector<int32_t>, StrHash, std::equal_to<>>;
+// Merged words of one BPE instance: word -> its ids in an arena. Insert-only and bounded
+// like tokenizers' cache (it stops growing at kCacheCapacity words).
+struct WordCache {
+  FlatStrMap index;  // word -> entry
+  std::vector<std::pair<uint32_t, uint32_t>> entries;  // (offset, count) in ids
+  std::vector<int32_t> ids;
+};
 
 // The calling thread's cache of one BPE instance. A thread keeps the caches of the few
 // instances it used last, so destroyed tokenizers do not pile up.
@@ -102,7 +120,7 @@ class BPE final : public Model {
     uint32_t rank;
     int32_t new_id;
   };
-  std::unordered_map<uint64_t, MergeVal> merges;
+  FlatU64Map<MergeVal> merges;
   std::optional<std::string> unk_token_, prefix, suffix;
   bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
   std::array<int32_t, 256> byte_ids{};
@@ -111,10 +129,7 @@ class BPE final : public Model {
   static uint64_t key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
-  const MergeVal* merge(int32_t a, int32_t b) const {
-    auto it = merges.find(key(a, b));
-    return it == merges.end() ? nullptr : &it->second;
-  }
+  const MergeVal* merge(int32_t a, int32_t b) const { return merges.find(key(a, b)); }
 
   std::optional<int32_t> token_to_id(std::string_view t) const override { return vocab.find(t); }
   const std::string* id_to_token(int32_t id) const override { return vocab.token(id); }
@@ -135,14 +150,18 @@ class BPE final : public Model {
       return;
     }
     WordCache& cache = thread_cache(cache_id);
-    if (auto it = cache.find(piece); it != cache.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
+    if (const int32_t* e = cache.index.find(piece)) {
+      const auto [off, n] = cache.entries[static_cast<size_t>(*e)];
+      out.insert(out.end(), cache.ids.begin() + off, cache.ids.begin() + off + n);
       return;
     }
     const size_t before = out.size();
     merge_word(piece, out);
-    if (cache.size() < kCacheCapacity)
-      cache.emplace(std::string(piece), std::vector<int32_t>(out.begin() + static_cast<ptrdiff_t>(before), out.end()));
+    if (cache.entries.size() < kCacheCapacity) {
+      cache.index.insert(piece, static_cast<int32_t>(cache.entries.size()));
+      cache.entries.emplace_back(static_cast<uint32_t>(cache.ids.size()), static_cast<uint32_t>(out.size() - before));
+      cache.ids.insert(cache.ids.end(), out.begin() + static_cast<ptrdiff_t>(before), out.end());
+    }
   }
 
  private:
@@ -322,7 +341,7 @@ std::unique_ptr<Model> make_bpe(const json& j, const std::string& where, ParsedV
               "{}.merges[{}]: merge ('{}', '{}') makes '{}', which is not in the vocabulary", where, rank, a, b,
               joined);
     // A repeated pair keeps its last rank, as collecting into the Rust HashMap does.
-    bpe->merges[BPE::key(*ia, *ib)] = {static_cast<uint32_t>(rank), *inew};
+    bpe->merges.insert(BPE::key(*ia, *ib), {static_cast<uint32_t>(rank), *inew});
   }
   return bpe;
 }

@@ -57,7 +57,10 @@ json parse_tokenizer_json(std::string_view text, const std::string& name, Parsed
     if (ev == E::key && depth >= 1 && depth <= 3) {
       key_at[depth] = parsed.get<std::string>();
       for (int d = depth + 1; d < 4; ++d) key_at[d].clear();
-      if (depth == 3 && in_vocab) pending = key_at[3];
+      if (depth == 3 && in_vocab) {
+        pending = key_at[3];
+        return false;  // keeps the key out of the DOM too (only the value would be dropped otherwise)
+      }
       return true;
     }
     if (depth == 2 && key_at[1] == "model" && key_at[2] == "vocab") {

@@ -30,9 +30,20 @@ std::string IncrementalDecoder::push(int32_t id) {
   ids_.push_back(id);
   std::string text = tok_.decode(ids_, opt_);
   size_t stable = text.size();
+  // Walk back over the trailing byte tokens, and over ids decode() drops (special tokens
+  // when skipping them), which do not end a byte run.
   size_t run = ids_.size();
-  while (run > 0 && is_byte_token(tok_.id_to_token(ids_[run - 1]))) --run;
-  if (run < ids_.size()) {
+  bool bytes = false;
+  while (run > 0) {
+    const int32_t last = ids_[run - 1];
+    const std::string t = tok_.id_to_token(last);
+    if (is_byte_token(t))
+      bytes = true;
+    else if (!(t.empty() || (opt_.skip_special_tokens && tok_.is_special(last))))
+      break;
+    --run;
+  }
+  if (bytes) {
     // Only the text before the byte run is final (when it is a prefix of the whole).
     const std::string head = tok_.decode(std::vector<int32_t>(ids_.begin(), ids_.begin() + static_cast<ptrdiff_t>(run)), opt_);
     size_t common = 0;

@@ -78,6 +78,8 @@ Value int_pow(Interp& in, int64_t base, int64_t exp) {
 
 Value binary_op(Interp& in, BinOp op, const Value& a, const Value& b) {
   if (a.is_undefined()) in.fail_undefined(a);
+  // str % x is str.__mod__, which accepts an Undefined argument (it prints as "").
+  if (op == BinOp::Mod && a.is_str()) return Value::str(percent_format(in, a.s(), b));
   if (b.is_undefined()) in.fail_undefined(b);
   const bool ints = a.is_intlike() && b.is_intlike();
   const bool nums = a.is_number() && b.is_number();
@@ -219,10 +221,19 @@ int64_t slice_index(Interp& in, const Value& v, int64_t dflt) {
 }
 }  // namespace
 
-Value slice(Interp& in, const Value& obj, const Value& start_v, const Value& stop_v, const Value& step_v) {
+Value slice(Interp& in, const Value& obj, const Value& start_v, const Value& stop_v, const Value& step_v, bool soft) {
   if (obj.is_undefined()) in.fail_undefined(obj);
   bool ok = obj.is_str() || (obj.is(T::List) && (obj.list().kind == LKind::List || obj.list().kind == LKind::Tuple ||
                                                  obj.list().kind == LKind::Range));
+  auto index_ok = [](const Value& v) { return v.is_none() || v.is_intlike(); };
+  if (soft && (!ok || !index_ok(start_v) || !index_ok(stop_v) || !index_ok(step_v))) {
+    std::string r = "slice(";
+    for (const Value* p : {&start_v, &stop_v, &step_v}) {
+      if (p != &start_v) r += ", ";
+      repr(in, *p, r);
+    }
+    return Value::undefined(fmt::format("UndefinedError: {} has no element {})", object_type_repr(obj), r));
+  }
   if (!ok) {
     if (obj.is(T::Dict)) in.fail("TypeError: unhashable type: 'slice'");
     in.fail(fmt::format("TypeError: '{}' object is not subscriptable", type_name(obj)));

@@ -49,6 +49,7 @@ Interp::~Interp() {
 }
 
 std::string Interp::run(const Program& prog, const Value& context) {
+  if (!has_stack_base()) set_stack_base();
   auto globals = std::make_shared<Frame>();
   add_globals(*this, *globals);
   auto ctx = std::make_shared<Frame>();
@@ -97,6 +98,7 @@ Interp::Flow Interp::exec(const Body& body) {
 
 Interp::Flow Interp::exec_stmt(const Stmt& s) {
   step();
+  check_stack();
   // Statements share the evaluation-depth budget with expressions: macro recursion
   // through deeply nested blocks is bounded as a whole.
   if (++eval_depth_ > opt().max_depth * 10)
@@ -411,11 +413,12 @@ Value Interp::eval_getitem(const Expr& e) {
     line = e.line;
     return getitem(obj, key);
   }
-  // A slice is compiled to plain Python subscription: errors are not softened.
+  // A slice is compiled to plain Python subscription: errors are not softened, except
+  // when jinja2 folds it at compile time through the sandbox's forgiving getitem.
   Value parts[3];
   for (int i = 0; i < 3; ++i) parts[i] = k.args[i] ? eval(*k.args[i]) : Value::none();
   line = e.line;
-  return slice(*this, obj, parts[0], parts[1], parts[2]);
+  return slice(*this, obj, parts[0], parts[1], parts[2], folding_);
 }
 
 Value Interp::eval_call(const Expr& e) {
@@ -450,6 +453,7 @@ Value Interp::eval_compare(const Expr& e) {
 
 Value Interp::eval(const Expr& e) {
   step();
+  check_stack();
   struct Nest {
     Interp& in;
     explicit Nest(Interp& i) : in(i) {
@@ -459,6 +463,13 @@ Value Interp::eval(const Expr& e) {
     ~Nest() { --in.eval_depth_; }
   } nest(*this);
   line = e.line;
+  if (folding_) {
+    // Constant folding (jinja_fold.cpp): what jinja2's optimizer cannot evaluate at
+    // compile time stops the fold.
+    if (e.kind == EK::Name || e.kind == EK::Call || e.kind == EK::NSRef) throw Impossible{};
+    if ((e.kind == EK::Filter || e.kind == EK::Test) && (e.filter_id < 0 || !e.args[0] || needs_context(e)))
+      throw Impossible{};
+  }
   switch (e.kind) {
     case EK::Const: return e.value;
     case EK::Name: {
@@ -529,6 +540,7 @@ Value Interp::eval(const Expr& e) {
     case EK::Cond: {
       if (truthy(eval(*e.args[1]))) return eval(*e.args[0]);
       if (e.args[2]) return eval(*e.args[2]);
+      if (folding_) throw Impossible{};  // CondExpr.as_const leaves this to run time
       return Value::undefined(fmt::format(
           "UndefinedError: the inline if-expression on line {} evaluated to false and no else section was defined.",
           e.line));
@@ -573,11 +585,13 @@ Template::Template(const std::string& source, const std::string& name, Options o
   impl_->name = name;
   impl_->opt = opt;
   detail::Ctx c(name, opt);
+  c.set_stack_base();
   size_t bad = 0;
   if (!detail::validate_utf8(source, &bad)) {
     c.fail(fmt::format("the template is not valid UTF-8 (byte offset {})", bad));
   }
   impl_->prog = detail::parse(detail::lex(source, c), c);
+  detail::fold_constants(impl_->prog, name, opt);
 }
 
 Template::~Template() = default;
@@ -586,11 +600,13 @@ Template& Template::operator=(Template&&) noexcept = default;
 
 std::string Template::render(const nlohmann::json& context) const {
   detail::Interp in(impl_->name, impl_->opt);
+  in.set_stack_base();
   return in.run(impl_->prog, detail::from_json(in, context));
 }
 
 std::string Template::render(const nlohmann::ordered_json& context) const {
   detail::Interp in(impl_->name, impl_->opt);
+  in.set_stack_base();
   return in.run(impl_->prog, detail::from_json(in, context));
 }
 

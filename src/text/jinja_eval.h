@@ -73,10 +73,18 @@ struct LoopObj final : Object {
   const char* type_name() const override { return "LoopContext"; }
   void repr(Ctx& c, std::string& out) const override;
   bool callable() const override { return true; }
-  void unlink() override { outer.reset(); }
+  void unlink() override {
+    outer.reset();
+    changed->last = Value();  // loop.changed(loop) would otherwise keep a cycle
+  }
   bool get_attr(Interp& interp, const std::string& a, Value& out) override;
   Value call(Interp& interp, Args& args) override;
 };
+
+struct Impossible {};  // thrown while folding: the expression is not constant
+
+// Filters jinja2 passes the render context to (map, select, ...): never folded.
+bool needs_context(const Expr& filter_or_test);
 
 class Interp : public Ctx {
  public:
@@ -113,6 +121,10 @@ class Interp : public Ctx {
   // A for loop's state, for LoopObj (recursion via loop(...)).
   Value run_loop(const Stmt& s, const Value& iterable, int depth, bool capture);
 
+  // jinja2's Expr.as_const: `e` evaluated at compile time, or nullopt where jinja2's
+  // optimizer gives up (a name, a call, a filter that needs the context, any error).
+  std::optional<Value> try_fold(const Expr& e);
+
  private:
   enum class Flow { Normal, Break, Continue };
   Value eval(const Expr& e);
@@ -127,11 +139,15 @@ class Interp : public Ctx {
 
   FramePtr frame_;
   std::string* out_ = nullptr;
+  bool folding_ = false;  // evaluating a constant subexpression as jinja2's optimizer does
   int eval_depth_ = 0;
   std::vector<std::weak_ptr<Object>> tracked_;
   friend struct MacroObj;
   friend struct LoopObj;
 };
+
+// jinja2's optimizer: evaluates the constant expressions of `p` once (jinja_fold.cpp).
+void fold_constants(Program& p, const std::string& name, const Options& opt);
 
 // ---- registry (jinja_filters.cpp) ---------------------------------------------------------
 
@@ -156,7 +172,8 @@ bool is_word_char(char32_t c);  // \w of Python's re (Unicode)
 // Binary operators and helpers shared with filters.
 Value binary_op(Interp& in, BinOp op, const Value& a, const Value& b);
 bool contains(Interp& in, const Value& container, const Value& item);
-Value slice(Interp& in, const Value& obj, const Value& start, const Value& stop, const Value& step);
+// `soft`: a type error gives Undefined (a slice jinja2 folds at compile time).
+Value slice(Interp& in, const Value& obj, const Value& start, const Value& stop, const Value& step, bool soft = false);
 std::string percent_format(Interp& in, const std::string& fmt, const Value& args);
 std::string str_format(Interp& in, const std::string& fmt, Args& args);  // str.format
 

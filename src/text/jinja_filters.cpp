@@ -607,13 +607,19 @@ FILTER(f_trim) {
 
 FILTER(f_truncate) {
   B b = bind(in, a, "truncate", {"length", "killwords", "end", "leeway"});
-  std::u32string s = decode(soft_str(in, v));
   int64_t length = opt_int(in, b[0], 255, "length");
   std::u32string end = decode(b[2] ? soft_str(in, *b[2]) : "...");
   int64_t leeway = opt_int(in, b[3], 5, "leeway");
   if (length < static_cast<int64_t>(end.size()))
     in.fail(fmt::format("AssertionError: expected length >= {}, got {}", end.size(), length));
   if (leeway < 0) in.fail(fmt::format("AssertionError: expected leeway >= 0, got {}", leeway));
+  // do_truncate does not convert its value: len(s) decides, and a short value (an empty
+  // Undefined, a short list) comes back unchanged.
+  if (!v.is_str()) {
+    if (py_len(in, v) <= length + leeway) return v;
+    in.fail(fmt::format("AttributeError: '{}' object has no attribute 'rsplit'", type_name(v)));
+  }
+  std::u32string s = decode(v.s());
   if (static_cast<int64_t>(s.size()) <= length + leeway) return Value::str(encode(s));
   std::u32string head = s.substr(0, static_cast<size_t>(length - static_cast<int64_t>(end.size())));
   if (!opt_true(b[1])) {

@@ -248,16 +248,23 @@ std::string pad(const std::string& s, int64_t width, bool left, char fill = ' ')
 }  // namespace
 
 std::string percent_format(Interp& in, const std::string& f, const Value& args) {
+  // PyUnicode_Format: a tuple supplies the arguments; anything else is the one argument,
+  // and one that supports item access (dict, list, Undefined, ...) is also the mapping
+  // for %(name)s and is never reported as "not all arguments converted".
   std::vector<Value> pos;
   const Value* mapping = nullptr;
-  if (args.is(T::List) && args.list().kind == LKind::Tuple) pos = args.list().items;
-  else if (args.is(T::Dict)) mapping = &args;
-  else pos.push_back(args);
+  bool dict_like = false;
+  if (args.is(T::List) && args.list().kind == LKind::Tuple) {
+    pos = args.list().items;
+  } else {
+    pos.push_back(args);
+    dict_like = args.is(T::Dict) || args.is_undefined() ||
+                (args.is(T::List) && (args.list().kind == LKind::List || args.list().kind == LKind::Range));
+    if (args.is(T::Dict)) mapping = &args;
+  }
   size_t next = 0;
-  bool used_mapping = false;
   std::string out;
   auto take = [&]() -> Value {
-    if (mapping && !used_mapping && pos.empty()) return *mapping;
     if (next >= pos.size()) in.fail("TypeError: not enough arguments for format string");
     return pos[next++];
   };
@@ -274,7 +281,6 @@ std::string percent_format(Interp& in, const std::string& f, const Value& args) 
       size_t e = f.find(')', i);
       if (e == std::string::npos) in.fail("ValueError: incomplete format key");
       if (!mapping) in.fail("TypeError: format requires a mapping");
-      used_mapping = true;
       const Value* v = mapping->dict().find_str(f.substr(i + 1, e - i - 1));
       if (!v) in.fail(fmt::format("KeyError: {}", str_repr(f.substr(i + 1, e - i - 1))));
       arg = *v;
@@ -348,7 +354,7 @@ std::string percent_format(Interp& in, const std::string& f, const Value& args) 
     in.step(static_cast<int64_t>(piece.size() / 64));
     in.check_size(out.size());
   }
-  if (!mapping && next < pos.size()) in.fail("TypeError: not all arguments converted during string formatting");
+  if (!dict_like && next < pos.size()) in.fail("TypeError: not all arguments converted during string formatting");
   return out;
 }
 

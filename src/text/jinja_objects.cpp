@@ -94,7 +94,6 @@ Value MacroObj::call(Interp& in, Args& args) {
   in.frame_ = saved;
   return Value::str(in.render_body(d.body, f));
 }
-};
 
 // ---- loops -----------------------------------------------------------------------------------
 
@@ -114,58 +113,61 @@ Value LoopObj::call(Interp& interp, Args& args) {
   return r;
 }
 
+bool LoopObj::get_attr(Interp& interp, const std::string& a, Value& out) {
+  const int64_t n = length();
+  if (a == "index") out = Value::integer(index0 + 1);
+  else if (a == "index0") out = Value::integer(index0);
+  else if (a == "revindex") out = Value::integer(n - index0);
+  else if (a == "revindex0") out = Value::integer(n - index0 - 1);
+  else if (a == "first") out = Value::boolean(index0 == 0);
+  else if (a == "last") out = Value::boolean(index0 == n - 1);
+  else if (a == "length") out = Value::integer(n);
+  else if (a == "depth") out = Value::integer(depth);
+  else if (a == "depth0") out = Value::integer(depth - 1);
+  else if (a == "previtem")
+    out = index0 > 0 ? (*items)[index0 - 1] : Value::undefined("UndefinedError: there is no previous item");
+  else if (a == "nextitem")
+    out = index0 + 1 < n ? (*items)[index0 + 1] : Value::undefined("UndefinedError: there is no next item");
+  else if (a == "cycle") {
+    int64_t i = index0;
+    out = make_fn("cycle", [i](Interp& in, Args& args) {
+      if (args.pos.empty()) in.fail("TypeError: no items for cycling given");
+      return args.pos[static_cast<size_t>(i) % args.pos.size()];
+    });
+  } else if (a == "changed") {
+    auto st = changed;
+    out = make_fn("changed", [st](Interp& in, Args& args) {
+      Value now = Value::tuple(args.pos);
+      if (st->has && py_eq(in, st->last, now)) return Value::boolean(false);
+      st->has = true;
+      st->last = now;
+      return Value::boolean(true);
+    });
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// ---- builtin functions ---------------------------------------------------------------------
+
 namespace {
 // A Python builtin or bound method: a name and a function.
 struct FnObj final : Object {
-std::string name;
-std::function<Value(Interp&, Args&)> fn;
-const char* type_name() const override { return "builtin_function_or_method"; }
-void repr(Ctx& c, std::string& out) const override { out += "<built-in function " + name + ">"; }
-bool callable() const override { return true; }
-Value call(Interp& in, Args& args) override { return fn(in, args); }
+  std::string name;
+  std::function<Value(Interp&, Args&)> fn;
+  const char* type_name() const override { return "builtin_function_or_method"; }
+  void repr(Ctx& c, std::string& out) const override { out += "<built-in function " + name + ">"; }
+  bool callable() const override { return true; }
+  Value call(Interp& in, Args& args) override { return fn(in, args); }
+};
 }  // namespace
 
 Value make_fn(std::string name, std::function<Value(Interp&, Args&)> fn) {
-auto f = std::make_shared<FnObj>();
-f->name = std::move(name);
-f->fn = std::move(fn);
-return Value::from(T::Obj, f);
-}
-
-bool LoopObj::get_attr(Interp& interp, const std::string& a, Value& out) {
-const int64_t n = length();
-if (a == "index") out = Value::integer(index0 + 1);
-else if (a == "index0") out = Value::integer(index0);
-else if (a == "revindex") out = Value::integer(n - index0);
-else if (a == "revindex0") out = Value::integer(n - index0 - 1);
-else if (a == "first") out = Value::boolean(index0 == 0);
-else if (a == "last") out = Value::boolean(index0 == n - 1);
-else if (a == "length") out = Value::integer(n);
-else if (a == "depth") out = Value::integer(depth);
-else if (a == "depth0") out = Value::integer(depth - 1);
-else if (a == "previtem")
-  out = index0 > 0 ? (*items)[index0 - 1] : Value::undefined("UndefinedError: there is no previous item");
-else if (a == "nextitem")
-  out = index0 + 1 < n ? (*items)[index0 + 1] : Value::undefined("UndefinedError: there is no next item");
-else if (a == "cycle") {
-  int64_t i = index0;
-  out = make_fn("cycle", [i](Interp& in, Args& args) {
-    if (args.pos.empty()) in.fail("TypeError: no items for cycling given");
-    return args.pos[static_cast<size_t>(i) % args.pos.size()];
-  });
-} else if (a == "changed") {
-  auto st = changed;
-  out = make_fn("changed", [st](Interp& in, Args& args) {
-    Value now = Value::tuple(args.pos);
-    if (st->has && py_eq(in, st->last, now)) return Value::boolean(false);
-    st->has = true;
-    st->last = now;
-    return Value::boolean(true);
-  });
-} else {
-  return false;
-}
-  return true;
+  auto f = std::make_shared<FnObj>();
+  f->name = std::move(name);
+  f->fn = std::move(fn);
+  return Value::from(T::Obj, f);
 }
 
 Value Object::call(Interp& in, Args& args) {

@@ -45,6 +45,7 @@ struct Expr {
   std::vector<std::pair<std::string, ExprP>> kwargs;
   ExprP dyn_args, dyn_kwargs;
   int filter_id = -1;  // Filter/Test: index in the registry, -1 when unknown (error if run)
+
 };
 
 // Assignment target of for/set/with: a name, a (nested) tuple of names, or ns.attr.

@@ -70,6 +70,7 @@ class Parser {
     Parser& p;
     explicit Depth(Parser& parser) : p(parser) {
       if (++p.depth_ > p.c_.opt().max_depth) p.fail("template nested too deeply");
+      p.c_.check_stack();
     }
     ~Depth() { --p.depth_; }
   };

@@ -100,8 +100,28 @@ int find_test(std::string_view name) {
   return -1;
 }
 
+// Tests that take no argument besides the value reject extra ones, with Python's message
+// (`x is boolean not in y` passes `not` as an argument in jinja2's grammar).
+static bool takes_argument(std::string_view name) {
+  for (const char* n : {"divisibleby", "sameas", "in", "==", "eq", "equalto", "!=", "ne", ">", "gt", "greaterthan",
+                        "ge", ">=", "<", "lt", "lessthan", "<=", "le"})
+    if (name == n) return true;
+  return false;
+}
+
 bool apply_test(Interp& in, int id, const Value& v, Args& args) {
   in.step();
+  const std::string_view name = kTests[id].name;
+  const size_t given = 1 + args.pos.size() + args.kw.size();
+  if (!takes_argument(name) && given > 1) {
+    if (name == "callable") in.fail(fmt::format("TypeError: callable() takes exactly one argument ({} given)", given));
+    in.fail(fmt::format("TypeError: test_{}() takes 1 positional argument but {} were given", name, given));
+  }
+  if (takes_argument(name) && given > 2) {
+    if (name == "divisibleby" || name == "sameas" || name == "in")
+      in.fail(fmt::format("TypeError: test_{}() takes 2 positional arguments but {} were given", name, given));
+    in.fail(fmt::format("TypeError: expected 2 arguments, got {}", given));
+  }
   return kTests[id].fn(in, v, args);
 }
 

@@ -18,6 +18,26 @@ namespace moe::jinja::detail {
 
 void Ctx::fail(const std::string& msg) const { MOE_FAIL("{}:{}: {}", name_, line, msg); }
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr uintptr_t kStackScale = 4;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr uintptr_t kStackScale = 4;
+#else
+constexpr uintptr_t kStackScale = 1;
+#endif
+#else
+constexpr uintptr_t kStackScale = 1;
+#endif
+
+Ctx::Ctx(std::string name, const Options& opt) : name_(std::move(name)), opt_(opt) {
+  stack_limit_ = static_cast<uintptr_t>(std::max<int64_t>(opt.max_stack, 64 << 10)) * kStackScale;
+}
+
+void Ctx::fail_stack() const {
+  fail(fmt::format("RecursionError: maximum recursion depth exceeded (more than {} bytes of stack)", stack_limit_));
+}
+
 void Ctx::charge_text(std::string_view s) {
   step(static_cast<int64_t>(is_ascii(s) ? s.size() / 64 : s.size() / 4));
 }
@@ -65,7 +85,7 @@ struct UndefObj final : HeapObj {
   std::string msg;
 };
 const std::string kEmpty;
-const std::string kUndefMsg = "value is undefined";
+const std::string kUndefMsg = "UndefinedError: value is undefined";
 }  // namespace
 
 Value Value::str(std::string s) { return from(T::Str, std::make_shared<StrObj>(std::move(s))); }
@@ -282,7 +302,11 @@ void repr(Ctx& c, const Value& v, std::string& out) {
     case T::Undefined: out += "Undefined"; return;
     case T::Str:
       c.step(static_cast<int64_t>(v.s().size() / 16));
-      out += str_repr(v.s());
+      if (static_cast<StrObj*>(v.ptr().get())->markup) {  // markupsafe.Markup's repr
+        out += "Markup(" + str_repr(v.s()) + ")";
+      } else {
+        out += str_repr(v.s());
+      }
       return;
     case T::List: {
       DepthGuard g(c);
@@ -352,10 +376,8 @@ bool num_eq(const Value& a, const Value& b) {
   if (a.is_intlike() && b.is_intlike()) return a.i() == b.i();
   return a.f() == b.f();
 }
-bool seq_kind_eq(LKind a, LKind b) {
-  auto norm = [](LKind k) { return k == LKind::Range ? LKind::Range : k; };
-  return norm(a) == norm(b);
-}
+// list == list and tuple == tuple compare items; a list never equals a tuple or a range.
+bool seq_kind_eq(LKind a, LKind b) { return a == b; }
 }  // namespace
 
 bool py_eq(Ctx& c, const Value& a, const Value& b) {

@@ -35,7 +35,7 @@ namespace moe::jinja::detail {
 // error names the template and the line of the node being evaluated.
 class Ctx {
  public:
-  Ctx(std::string name, const Options& opt) : name_(std::move(name)), opt_(opt) {}
+  Ctx(std::string name, const Options& opt);
   [[noreturn]] void fail(const std::string& msg) const;
   void step(int64_t n = 1) {
     steps_ += n;
@@ -62,15 +62,31 @@ class Ctx {
   }
   const Options& opt() const { return opt_; }
   const std::string& name() const { return name_; }
+  // Marks the current frame as the bottom of the stack the limit is measured from.
+  void set_stack_base() {
+    char here;
+    stack_base_ = reinterpret_cast<uintptr_t>(&here);
+  }
+  bool has_stack_base() const { return stack_base_ != 0; }
+  // Fails when nesting has used more than Options::max_stack bytes of C++ stack.
+  void check_stack() const {
+    char here;
+    uintptr_t p = reinterpret_cast<uintptr_t>(&here);
+    uintptr_t used = stack_base_ > p ? stack_base_ - p : p - stack_base_;
+    if (stack_base_ && used > stack_limit_) fail_stack();
+  }
   int line = 1;
   int value_depth = 0;  // recursion guard for repr/==/tojson over nested values
 
  private:
   [[noreturn]] void fail_budget() const;
   [[noreturn]] void fail_size(size_t n) const;
+  [[noreturn]] void fail_stack() const;
   std::string name_;
   Options opt_;
   int64_t steps_ = 0;
+  uintptr_t stack_base_ = 0;
+  uintptr_t stack_limit_ = 0;
 };
 
 // RAII guard for functions that recurse into nested values.
@@ -78,6 +94,7 @@ struct DepthGuard {
   Ctx& c;
   explicit DepthGuard(Ctx& ctx) : c(ctx) {
     if (++c.value_depth > c.opt().max_depth * 2) c.fail("value nested too deeply");
+    c.check_stack();
   }
   ~DepthGuard() { --c.value_depth; }
 };

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "text/flat_map.h"
 #include "text/json_util.h"
 
 namespace moe::text {
@@ -31,21 +32,21 @@ class Vocab {
  public:
   // Takes (token, id) pairs; a token appearing twice keeps its last id (as a JSON map
   // does). `where` names the file/field in errors.
-  void build(std::vector<std::pair<std::string, int64_t>> entries, const std::string& where,
-             bool allow_duplicate_ids = false);
+  void build(std::vector<std::pair<std::string, int64_t>> entries, const std::string& where);
   std::optional<int32_t> find(std::string_view t) const {
-    auto it = map_.find(t);
-    if (it == map_.end()) return std::nullopt;
-    return it->second;
+    const int32_t* v = map_.find(t);
+    if (!v) return std::nullopt;
+    return *v;
   }
   const std::string* token(int32_t id) const;
   size_t size() const { return map_.size(); }
   int64_t end_id() const { return end_id_; }  // max id + 1 (0 when empty)
 
  private:
-  TokenMap map_;
-  std::vector<const std::string*> by_id_;  // dense ids
-  std::unordered_map<int32_t, const std::string*> sparse_;  // used when ids are sparse
+  FlatStrMap map_;
+  std::vector<std::string> by_id_;  // dense ids
+  std::vector<uint8_t> has_;
+  std::unordered_map<int32_t, std::string> sparse_;  // used when ids are sparse
   int64_t end_id_ = 0;
 };
 

@@ -132,6 +132,7 @@ void NormalizedString::lowercase() {
 }
 
 void NormalizedString::normalize(uni::NormForm form) {
+  if (uni::is_normalized_quick(s_, form)) return;
   std::string whole = uni::normalize(s_, form);
   if (whole == s_) return;
   if (!track_) {

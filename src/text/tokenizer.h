@@ -22,7 +22,9 @@ struct EncodeOptions {
   // Read added tokens marked `special` (e.g. <|im_start|>) in the text as control
   // tokens. false: they are ordinary text and encode as the model's pieces, so a
   // user's text cannot inject control tokens (`split_special_tokens=True` in
-  // transformers). Non-special added tokens are matched either way.
+  // transformers). Non-special added tokens are matched either way. (A tokenizer.model
+  // without tokenizer.json: no effect, sentencepiece never reads control symbols in
+  // text and always matches user-defined ones; see sp_tokenizer.h.)
   bool parse_special = true;
 };
 

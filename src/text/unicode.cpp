@@ -238,28 +238,83 @@ bool is_barrier(char32_t c, NormForm form) {
 
 }  // namespace
 
-std::string normalize(std::string_view s, NormForm form) {
-  // ASCII is invariant under every normalisation form.
-  size_t first = 0;
-  while (first < s.size() && static_cast<unsigned char>(s[first]) < 0x80) ++first;
-  if (first == s.size()) return std::string(s);
-  // Code points tokenizers' (older) tables do not know stay as they are and separate the
-  // text around them, which is normalised on its own.
-  std::string out;
-  size_t seg = 0, i = first;
-  bool any = false;
+namespace {
+
+// Code points that a normalisation form leaves as they are and that cannot combine with a
+// character before them: a run of them splits the text into parts that normalise
+// independently. (Chars below U+0300 are NFC-stable starters and never the second part of
+// a composition; CJK ideographs and Hangul syllables neither decompose canonically nor
+// follow anything in a composition.)
+bool inert(char32_t c, NormForm form) {
+  const bool cjk = (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF);
+  switch (form) {
+    case NormForm::NFC: return c < 0x300 || cjk || (c >= 0xAC00 && c <= 0xD7A3);
+    case NormForm::NFKC: return c < 0xA0 || cjk || (c >= 0xAC00 && c <= 0xD7A3);
+    case NormForm::NFD: return c < 0xC0 || cjk;
+    case NormForm::NFKD: return c < 0xA0 || cjk;
+  }
+  return false;
+}
+
+// Normalises s into out. Code points tokenizers' (older) tables do not know ("barriers")
+// stay as they are and separate the text around them, which is normalised on its own.
+void normalize_span(std::string_view s, NormForm form, std::string& out) {
+  size_t seg = 0, i = 0;
   while (i < s.size()) {
     const size_t b = i;
     const char32_t c = next_cp(s, i);
     if (c >= 0x300 && is_barrier(c, form)) {
-      any = true;
-      out += utf8proc_normalize(s.substr(seg, b - seg), form);
+      if (b > seg) out += utf8proc_normalize(s.substr(seg, b - seg), form);
       out.append(s.data() + b, i - b);
       seg = i;
     }
   }
-  if (!any) return utf8proc_normalize(s, form);
-  out += utf8proc_normalize(s.substr(seg), form);
+  if (seg < s.size()) out += utf8proc_normalize(s.substr(seg), form);
+}
+
+}  // namespace
+
+bool is_normalized_quick(std::string_view s, NormForm form) {
+  for (size_t i = 0; i < s.size();) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    if (!inert(next_cp(s, i), form)) return false;
+  }
+  return true;
+}
+
+std::string normalize(std::string_view s, NormForm form) {
+  // Copy runs of inert code points; hand every other stretch, together with the starter
+  // just before it (it may compose with what follows), to utf8proc.
+  std::string out;
+  out.reserve(s.size());
+  size_t copied = 0;  // s[0, copied) is in `out` or pending in [copied, i)
+  size_t prev_start = 0;  // start of the previous (inert) code point
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t b = i;
+    const char32_t c = static_cast<unsigned char>(s[i]) < 0x80 ? static_cast<char32_t>(s[i++]) : next_cp(s, i);
+    if (inert(c, form)) {
+      prev_start = b;
+      continue;
+    }
+    // A non-inert stretch: from the previous starter (if it is not already emitted) to the
+    // next inert code point.
+    const size_t from = b > copied ? prev_start : copied;
+    out.append(s.data() + copied, from - copied);
+    size_t j = i;
+    while (j < s.size()) {
+      size_t k = j;
+      const char32_t d = next_cp(s, k);
+      if (inert(d, form)) break;
+      j = k;
+    }
+    normalize_span(s.substr(from, j - from), form, out);
+    copied = i = j;
+  }
+  out.append(s.data() + copied, s.size() - copied);
   return out;
 }
 

@@ -70,8 +70,11 @@ bool is_word_char(char32_t c);        // regex crate \w (Whitespace, AddedToken 
 void append_lowercase(std::u32string& out, char32_t c);
 
 enum class NormForm { NFC, NFD, NFKC, NFKD };
-// Unicode normalisation of valid UTF-8.
+// Unicode normalisation of valid UTF-8, as tokenizers' normalizers compute it.
 std::string normalize(std::string_view s, NormForm form);
+// True when s certainly comes out of normalize(s, form) unchanged (a quick scan: ASCII,
+// CJK ideographs, ...); false means "maybe not".
+bool is_normalized_quick(std::string_view s, NormForm form);
 // Canonical combining class (0 for starters).
 int combining_class(char32_t c);
 

@@ -87,7 +87,7 @@ class Unigram final : public Model {
  public:
   std::vector<std::string> pieces;
   std::vector<double> scores;
-  TokenMap ids;  // token -> id; a repeated piece keeps its last id
+  FlatStrMap ids;  // token -> id; a repeated piece keeps its last id
   Trie trie;
   std::optional<int32_t> unk_id;
   bool byte_fallback = false;
@@ -95,9 +95,9 @@ class Unigram final : public Model {
   std::array<int32_t, 256> byte_ids{};
 
   std::optional<int32_t> token_to_id(std::string_view t) const override {
-    auto it = ids.find(t);
-    if (it == ids.end()) return std::nullopt;
-    return it->second;
+    const int32_t* v = ids.find(t);
+    if (!v) return std::nullopt;
+    return *v;
   }
   const std::string* id_to_token(int32_t id) const override {
     return id >= 0 && static_cast<size_t>(id) < pieces.size() ? &pieces[id] : nullptr;
@@ -193,6 +193,7 @@ std::unique_ptr<Model> make_unigram(const json& j, const std::string& where) {
   MOE_CHECK(vocab.size() <= kMaxVocabEntries, "{}: vocabulary has {} entries, more than the supported {}", where,
             vocab.size(), kMaxVocabEntries);
   m->pieces.reserve(vocab.size());
+  m->ids.reserve(vocab.size());
   m->scores.reserve(vocab.size());
   for (size_t i = 0; i < vocab.size(); ++i) {
     const json& e = vocab[i];
@@ -201,7 +202,7 @@ std::unique_ptr<Model> make_unigram(const json& j, const std::string& where) {
     m->pieces.push_back(e[0].get<std::string>());
     m->scores.push_back(e[1].get<double>());
     m->min_score = std::min(m->min_score, m->scores.back());
-    m->ids[m->pieces.back()] = static_cast<int32_t>(i);
+    m->ids.insert(m->pieces.back(), static_cast<int32_t>(i));
   }
   if (const json* u = js::find(j, "unk_id"); u && !u->is_null()) {
     MOE_CHECK(u->is_number_integer(), "{}: 'unk_id' must be an integer or null", where);
@@ -213,7 +214,7 @@ std::unique_ptr<Model> make_unigram(const json& j, const std::string& where) {
   }
   m->byte_fallback = js::boolean_or(j, "byte_fallback", false, where);
   std::vector<int32_t> values(m->pieces.size());
-  for (size_t i = 0; i < m->pieces.size(); ++i) values[i] = m->ids.at(m->pieces[i]);
+  for (size_t i = 0; i < m->pieces.size(); ++i) values[i] = *m->ids.find(m->pieces[i]);
   m->trie.build(m->pieces, values);
   for (int b = 0; b < 256; ++b) {
     char name[8];

@@ -273,6 +273,23 @@ TEST(JinjaLimits, DeepStatementNesting) {
   EXPECT_NE(fast_error(src).find("nested too deeply"), std::string::npos);
 }
 
+TEST(JinjaLimits, DeepBlocksInsideRecursionStayOnTheStack) {
+  // Each limit alone allows this (150 nested loops, calls 200 deep); together they would
+  // overflow the C++ stack without the stack measurement.
+  std::string body;
+  for (int i = 0; i < 150; ++i) body += "{% for x in [1] %}";
+  body += "{{ r(k + 1) }}";
+  for (int i = 0; i < 150; ++i) body += "{% endfor %}";
+  std::string e = fast_error("{% macro r(k) %}" + body + "{% endmacro %}{{ r(0) }}");
+  EXPECT_NE(e.find("RecursionError"), std::string::npos) << e;
+  std::string ifs;
+  for (int i = 0; i < 190; ++i) ifs += "{% if true %}";
+  ifs += "{{ r(k + 1) }}";
+  for (int i = 0; i < 190; ++i) ifs += "{% endif %}";
+  e = fast_error("{% macro r(k) %}" + ifs + "{% endmacro %}{{ r(0) }}");
+  EXPECT_NE(e.find("RecursionError"), std::string::npos) << e;
+}
+
 TEST(JinjaLimits, ModerateNestingStillWorks) {
   // What real templates need, and what jinja2 itself handles, must pass.
   std::string src = "{{ " + std::string(60, '(') + "1" + std::string(60, ')') + " }}";

@@ -267,7 +267,9 @@ TEST(TokBehaviour, IncrementalDecodeOfInvalidByteRuns) {
         {byte(0xE4), byte(0xB8), byte(0xAD), byte(0xE4), word},          // valid char, then a stray lead byte
         {byte(0xE4), byte(0xB8), byte(0xAD), byte(0xE4)},                // ... at the very end
         {word, byte(0xF0), byte(0x9F), byte(0x98), byte(0x80), byte(0x80), word},  // emoji + stray continuation
-        {byte(0xC3), byte(0xA9), word, byte(0xFF), byte(0xC3), byte(0xA9)}};
+        {byte(0xC3), byte(0xA9), word, byte(0xFF), byte(0xC3), byte(0xA9)},
+        // A special token that skip_special_tokens drops does not end the run.
+        {word, byte(0x62), byte(0x66), tok->special_tokens().unk_id, byte(0xFF)}};
     for (const auto& ids : seqs) {
       for (bool skip : {false, true}) {
         moe::text::IncrementalDecoder inc(*tok, {.skip_special_tokens = skip});
