@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of fuzz/ with clang (ASan + UBSan) into build-fuzz/ and
-# runs each for FUZZ_SECONDS (default 60) from its corpus in fuzz/corpus/<target>/.
+# runs each for FUZZ_SECONDS (default 30) from its corpus in fuzz/corpus/<target>/.
 # New inputs the fuzzer finds go to a scratch directory, not into the repo; a crash
 # fails the script and leaves its input in build-fuzz/crashes/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECONDS_EACH="${FUZZ_SECONDS:-60}"
+SECONDS_EACH="${FUZZ_SECONDS:-30}"
 cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-fuzz -j"${JOBS:-$(nproc)}"
 mkdir -p build-fuzz/crashes
@@ -16,7 +16,9 @@ for bin in build-fuzz/fuzz_*; do
   echo "fuzz: $name for ${SECONDS_EACH} s"
   # -rss_limit_mb: a hostile input must fail cleanly, not by taking the machine's memory.
   rc=0
-  ASAN_OPTIONS=detect_leaks=1 "$bin" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=10 \
+  dict=()
+  [ -f "fuzz/${name#fuzz_}.dict" ] && dict=(-dict="fuzz/${name#fuzz_}.dict")
+  ASAN_OPTIONS=detect_leaks=1 "$bin" "${dict[@]}" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=10 \
     -artifact_prefix=build-fuzz/crashes/"$name"- -print_final_stats=1 "$scratch" "fuzz/corpus/$name" \
     > build-fuzz/"$name".log 2>&1 || rc=$?
   grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY)" build-fuzz/"$name".log || true

@@ -6,11 +6,11 @@
 #      transformers / jinja2 goldens, and `moe-ep serve` end to end under curl (1 and 2 ranks).
 #   2. The loader suites (hostile-checkpoint corpus, safetensors validation, sharding,
 #      scales, bad input) once more under AddressSanitizer + UndefinedBehaviorSanitizer.
-#   3. The libFuzzer targets of the text layer, each for FUZZ_SECONDS (default 45).
+#   3. The libFuzzer targets of the text layer, each for FUZZ_SECONDS (default 30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
 (cd build && ctest --output-on-failure --timeout 900 -j"${JOBS:-$(nproc)}")
 bash scripts/test_sanitize.sh
-FUZZ_SECONDS="${FUZZ_SECONDS:-45}" bash scripts/fuzz.sh
+FUZZ_SECONDS="${FUZZ_SECONDS:-30}" bash scripts/fuzz.sh

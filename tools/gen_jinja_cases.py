@@ -508,6 +508,23 @@ case("elif_chain", "{% for v in range(5) %}{% if v == 0 %}z{% elif v == 1 %}o{% 
 case("big_loop_ok", "{% set ns = namespace(s=0) %}{% for i in range(20000) %}{% set ns.s = ns.s + i %}{% endfor %}{{ ns.s }}")
 
 
+# --- found by differential testing against jinja2 (random templates) ---------------------------------------------------
+case("fold_const_slice", "[{{ (2)[::-1] }}][{{ (true)[1:] }}][{{ ({})[::2] }}][{{ ((2)[::-1])|items|list }}][{{ [s, none] + ((2)[1:])|sort }}]")
+case("fold_lazy_or", "[{{ (not ('') or nope < 1)[1:] }}][{{ (1 if 0 else (2)[1:]) }}]")
+case("runtime_slice_of_int_error", "{% set k = 2 %}{{ k[1:] }}")
+case("truncate_non_string", "[{{ nope|truncate(5) }}][{{ [1, 2]|truncate(5) }}]")
+case("truncate_int_error", "{{ 7|truncate(5) }}")
+case("test_extra_argument_error", "{{ t is boolean not in [s, ''] }}")
+case("markup_repr", "{{ [('x'|safe), ('<'|e), 'y'] }}")
+case("percent_list_and_undefined", "[{{ 'AbC' % [1, 2] }}][{{ '' % nope }}][{{ '%s|' % nope }}][{{ '%s' % [1] }}][{{ 'x' % {'a': 1} }}]")
+case("percent_str_leftover_error", "{{ 'abc' % 'x' }}")
+case("sort_undefined_keys", "{{ ('abc'|map(attribute='role')|list)|sort }}")
+case("break_in_set_block", "{% for i in xs %}{% set b %}x{{ i }}{% break %}{% endset %}{{ b }}{% else %}E{% endfor %}[{{ b }}]")
+case("continue_in_filter_block", "{% for i in xs %}{% filter upper %}a{{ i }}{% continue %}{% endfilter %}z{% else %}E{% endfor %}")
+case("set_block_scope", "{% set a = 1 %}{% set b %}{% set a = 5 %}{{ a }}{% endset %}[{{ a }}{{ b }}]|{% filter upper %}{% set c = 5 %}{% endfilter %}[{{ c }}]")
+case("indent_list_error", "{{ xs|indent }}")
+
+
 def render(template, ctx):
     return _compile_jinja_template(template).render(**ctx)
 

@@ -113,6 +113,67 @@ WordCache& thread_cache(uint64_t id) {
   return caches.front().second;
 }
 
+// A merge candidate: the pair starting at symbol `pos`, ordered lowest rank first, then
+// leftmost (key = rank << 32 | pos), as tokenizers' Merge ordering.
+struct Cand {
+  uint64_t key;
+  int32_t new_id;
+  uint32_t rank() const { return static_cast<uint32_t>(key >> 32); }
+  uint32_t pos() const { return static_cast<uint32_t>(key); }
+};
+
+// 4-ary min-heap of candidates (fewer levels than a binary heap: a Mixtral-style tokenizer
+// without pre-tokenizer makes the whole text one word, with a candidate per character).
+class QuadHeap {
+ public:
+  void clear() { v_.clear(); }
+  bool empty() const { return v_.empty(); }
+  void push_unordered(Cand c) { v_.push_back(c); }
+  void heapify() {
+    if (v_.size() < 2) return;
+    for (size_t i = (v_.size() - 2) / 4 + 1; i-- > 0;) down(i);
+  }
+  void push(Cand c) {
+    v_.push_back(c);
+    size_t i = v_.size() - 1;
+    while (i > 0) {
+      const size_t p = (i - 1) / 4;
+      if (v_[p].key <= c.key) break;
+      v_[i] = v_[p];
+      i = p;
+    }
+    v_[i] = c;
+  }
+  Cand pop() {
+    const Cand top = v_[0];
+    v_[0] = v_.back();
+    v_.pop_back();
+    if (!v_.empty()) down(0);
+    return top;
+  }
+
+ private:
+  void down(size_t i) {
+    const Cand x = v_[i];
+    const size_t n = v_.size();
+    while (true) {
+      const size_t c = 4 * i + 1;
+      if (c >= n) break;
+      size_t best = c;
+      const size_t end = std::min(c + 4, n);
+      for (size_t k = c + 1; k < end; ++k)
+        if (v_[k].key < v_[best].key) best = k;
+      if (v_[best].key >= x.key) break;
+      v_[i] = v_[best];
+      i = best;
+    }
+    v_[i] = x;
+  }
+  std::vector<Cand> v_;
+};
+
+uint64_t cand_key(uint32_t rank, size_t pos) { return (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(pos); }
+
 class BPE final : public Model {
  public:
   Vocab vocab;
@@ -170,13 +231,6 @@ class BPE final : public Model {
     int32_t prev, next;
     uint32_t len;
   };
-  struct Cand {
-    uint32_t rank;
-    uint32_t pos;
-    int32_t new_id;
-    // std heap is a max-heap: "greater" means lower rank, then lower position.
-    bool operator<(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
 
   int32_t unk_id() const {
     auto id = vocab.find(*unk_token_);
@@ -186,7 +240,7 @@ class BPE final : public Model {
 
   void merge_word(std::string_view w, std::vector<int32_t>& out) const {
     thread_local std::vector<Symbol> sym;
-    thread_local std::vector<Cand> heap;
+    thread_local QuadHeap heap;
     thread_local std::string buf;
     sym.clear();
     auto add = [&](int32_t c, uint32_t len) {
@@ -240,14 +294,12 @@ class BPE final : public Model {
 
     heap.clear();
     for (size_t k = 0; k + 1 < sym.size(); ++k)
-      if (const MergeVal* m = merge(sym[k].c, sym[k + 1].c))
-        heap.push_back({m->rank, static_cast<uint32_t>(k), m->new_id});
-    std::make_heap(heap.begin(), heap.end());
+      if (const MergeVal* m = merge(sym[k].c, sym[k + 1].c)) heap.push_unordered({cand_key(m->rank, k), m->new_id});
+    heap.heapify();
     while (!heap.empty()) {
-      std::pop_heap(heap.begin(), heap.end());
-      const Cand top = heap.back();
-      heap.pop_back();
-      Symbol& cur = sym[top.pos];
+      const Cand top = heap.pop();
+      const uint32_t pos = top.pos();
+      Symbol& cur = sym[pos];
       if (cur.len == 0 || cur.next == -1) continue;
       const Symbol right = sym[static_cast<size_t>(cur.next)];
       const MergeVal* m = merge(cur.c, right.c);
@@ -256,19 +308,13 @@ class BPE final : public Model {
       cur.c = top.new_id;
       cur.len += right.len;
       cur.next = right.next;
-      if (right.next >= 0) sym[static_cast<size_t>(right.next)].prev = static_cast<int32_t>(top.pos);
-      if (cur.prev >= 0) {
-        if (const MergeVal* pm = merge(sym[static_cast<size_t>(cur.prev)].c, cur.c)) {
-          heap.push_back({pm->rank, static_cast<uint32_t>(cur.prev), pm->new_id});
-          std::push_heap(heap.begin(), heap.end());
-        }
-      }
-      if (cur.next >= 0) {
-        if (const MergeVal* nm = merge(cur.c, sym[static_cast<size_t>(cur.next)].c)) {
-          heap.push_back({nm->rank, top.pos, nm->new_id});
-          std::push_heap(heap.begin(), heap.end());
-        }
-      }
+      if (right.next >= 0) sym[static_cast<size_t>(right.next)].prev = static_cast<int32_t>(pos);
+      if (cur.prev >= 0)
+        if (const MergeVal* pm = merge(sym[static_cast<size_t>(cur.prev)].c, cur.c))
+          heap.push({cand_key(pm->rank, static_cast<size_t>(cur.prev)), pm->new_id});
+      if (cur.next >= 0)
+        if (const MergeVal* nm = merge(cur.c, sym[static_cast<size_t>(cur.next)].c))
+          heap.push({cand_key(nm->rank, pos), nm->new_id});
     }
     for (const Symbol& s : sym)
       if (s.len != 0) out.push_back(s.c);

@@ -69,14 +69,19 @@ std::string Interp::run(const Program& prog, const Value& context) {
 
 std::string Interp::render_body(const Body& body, FramePtr frame) {
   std::string buf;
+  render_body(body, std::move(frame), buf);
+  return buf;
+}
+
+Interp::Flow Interp::render_body(const Body& body, FramePtr frame, std::string& buf) {
   std::string* saved_out = out_;
   FramePtr saved = frame_;
   out_ = &buf;
   frame_ = std::move(frame);
-  exec(body);
+  Flow fl = exec(body);
   frame_ = saved;
   out_ = saved_out;
-  return buf;
+  return fl;
 }
 
 void Interp::emit(const Value& v) {
@@ -125,7 +130,12 @@ Interp::Flow Interp::exec_stmt(const Stmt& s) {
     case SK::FilterBlock: {
       auto f = std::make_shared<Frame>();
       f->parent = frame_;
-      Value body = Value::str(render_body(s.body, f));
+      // jinja2 compiles these bodies inline: a break/continue inside leaves the
+      // enclosing loop at once, and the block is neither assigned nor output.
+      std::string text;
+      Flow fl = render_body(s.body, f, text);
+      if (fl != Flow::Normal) return fl;
+      Value body = Value::str(std::move(text));
       line = s.line;
       // The filter chain's innermost subject is null: it stands for the body's text.
       std::vector<const Expr*> chain;

@@ -105,8 +105,10 @@ class Interp : public Ctx {
   // they are registered here and emptied when the render ends.
   void track(const std::shared_ptr<Object>& p) { tracked_.push_back(p); }
 
+  enum class Flow { Normal, Break, Continue };
   // Used by macro calls, recursive loops and filters that call back into templates.
   std::string render_body(const Body& body, FramePtr frame);
+  Flow render_body(const Body& body, FramePtr frame, std::string& out);
   int call_depth = 0;
   struct CallGuard {
     Interp& in;
@@ -126,7 +128,6 @@ class Interp : public Ctx {
   std::optional<Value> try_fold(const Expr& e);
 
  private:
-  enum class Flow { Normal, Break, Continue };
   Value eval(const Expr& e);
   Flow exec(const Body& body);
   Flow exec_stmt(const Stmt& s);

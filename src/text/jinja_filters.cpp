@@ -76,9 +76,11 @@ Value attr_get(Interp& in, const Value& item, const Value& attribute, const std:
 
 Value ignore_case(Value v) { return v.is_str() ? Value::str(py_lower(v.s())) : v; }
 
-// make_multi_attrgetter for sort(attribute="a,b"): the key is a list of values.
+// make_multi_attrgetter: sort's key is always a list of values (one per comma-separated
+// attribute), which matters: lists compare their items with == before <, so equal
+// Undefined keys sort without an error.
 Value sort_key(Interp& in, const Value& item, const std::optional<Value>& attribute, bool case_sensitive) {
-  if (!attribute || attribute->is_none()) return case_sensitive ? item : ignore_case(item);
+  if (!attribute || attribute->is_none()) return Value::list({case_sensitive ? item : ignore_case(item)});
   if (attribute->is_str() && attribute->s().find(',') != std::string::npos) {
     std::vector<Value> keys;
     const std::string& s = attribute->s();
@@ -93,7 +95,7 @@ Value sort_key(Interp& in, const Value& item, const std::optional<Value>& attrib
     return Value::list(std::move(keys));
   }
   Value k = attr_get(in, item, *attribute);
-  return case_sensitive ? k : ignore_case(k);
+  return Value::list({case_sensitive ? k : ignore_case(k)});
 }
 
 void py_sort(Interp& in, std::vector<Value>& items, std::vector<Value>& keys, bool reverse) {
@@ -274,7 +276,12 @@ FILTER(f_groupby) {
 FILTER(f_indent) {
   B b = bind(in, a, "indent", {"width", "first", "blank"});
   if (v.is_undefined()) in.fail_undefined(v);
-  if (!v.is_str()) in.fail(fmt::format("TypeError: unsupported operand type(s) for +=: '{}' and 'str'", type_name(v)));
+  if (!v.is_str()) {
+    // do_indent starts with s += "\n": a list takes it (and then has no splitlines).
+    if (v.is(T::List) && v.list().kind == LKind::List)
+      in.fail("AttributeError: 'list' object has no attribute 'splitlines'");
+    in.fail(fmt::format("TypeError: unsupported operand type(s) for +=: '{}' and 'str'", type_name(v)));
+  }
   std::string ind = b[0] && b[0]->is_str() ? b[0]->s() : std::string(static_cast<size_t>(std::max<int64_t>(0, opt_int(in, b[0], 4, "width"))), ' ');
   std::vector<std::string> lines = str_splitlines(v.s() + "\n", false);
   std::string rv;

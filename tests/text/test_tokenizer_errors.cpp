@@ -64,7 +64,9 @@ TEST(TokErrors, InvalidUtf8NamesTheOffset) {
       {"ok \xC3", 3},          {"\xC0\xAF", 0},           // truncated, overlong
       {"x\xED\xA0\x80y", 1},   {"\xF4\x90\x80\x80", 0},   // surrogate, > U+10FFFF
       {"h\xC3\xA9llo\xE2\x82", 6}, {"\xF0\x9F\x98", 0}};
-  for (const auto& [text, off] : bad) {
+  for (const auto& item : bad) {
+    const std::string& text = item.first;
+    const size_t off = item.second;
     for (const Tokenizer* t : {qwen.get(), ernie.get()}) {
       const std::string msg = error_of([&] { t->encode(text); });
       EXPECT_TRUE(has(msg, "offset " + std::to_string(off))) << msg;
