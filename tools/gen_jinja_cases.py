@@ -16,6 +16,7 @@ Deterministic: no clocks (strftime_now is tested in C++ for its format only), no
 randomness, no addresses in outputs.
 """
 
+import copy
 import json
 import os
 import sys
@@ -535,9 +536,11 @@ def main():
     for name, template, ctx, loose in CASES:
         assert name not in seen, name
         seen.add(name)
-        context = dict(BASE)
+        # A deep copy per case: jinja2's sandbox does not stop `xs|indent` from appending to
+        # the list it is given, and later cases must not see that.
+        context = copy.deepcopy(BASE)
         if ctx:
-            context.update(ctx)
+            context.update(copy.deepcopy(ctx))
         # Keep only the variables the template reads (the file stays small); a template
         # that does not parse keeps none.
         try:
@@ -547,7 +550,7 @@ def main():
         context = {k: v for k, v in context.items() if k in used}
         entry = {"name": name, "template": template, "context": context}
         try:
-            entry["output"] = render(template, context)
+            entry["output"] = render(template, copy.deepcopy(context))
         except Exception as e:  # noqa: BLE001 - every exception is a golden error
             entry["error"] = f"{type(e).__name__}: {e}"
             if loose:
