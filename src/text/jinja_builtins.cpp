@@ -1,6 +1,7 @@
 // Python operators (+ - * / // % ** with int/float/str/list semantics), `in`, slicing,
-// printf-style `%` formatting, and the template globals (range, dict, namespace, cycler,
-// joiner, raise_exception, strftime_now) for the Jinja interpreter.
+// Python's str-to-number parsing, HTML escaping, the namespace object and the template
+// globals (range, dict, namespace, cycler, joiner, raise_exception, strftime_now) for the
+// Jinja interpreter. (`str % args` itself is in jinja_format.cpp.)
 #include <cmath>
 #include <cstring>
 #include <ctime>

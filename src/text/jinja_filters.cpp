@@ -1,4 +1,4 @@
-// jinja2's filters and tests (jinja2/filters.py, jinja2/tests.py) with transformers'
+// jinja2's filters (jinja2/filters.py; tests are in jinja_tests.cpp) with transformers'
 // tojson override, for the Jinja interpreter. Each keeps its jinja2 signature, so
 // positional and keyword arguments bind as in Python. Filters that return generators in
 // jinja2 (map, select, reject, selectattr, rejectattr, unique, batch, items, reverse)

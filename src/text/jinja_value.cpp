@@ -1,6 +1,6 @@
-// Python object semantics for the Jinja interpreter: printing (str/repr), equality and
-// ordering, hashing for dict keys, iteration, JSON in and out (json.dumps exactly), and
-// the UTF-8 / str helpers the filters share. See jinja_value.h.
+// Python object semantics for the Jinja interpreter: the step budget, deferred
+// destruction, printing (str/repr, Python's float repr), equality and ordering, hashing
+// for dict keys, iteration and len(). JSON is in jinja_json.cpp, UTF-8 in jinja_utf8.cpp.
 #include "text/jinja_value.h"
 
 #include <utf8proc.h>
