@@ -73,7 +73,7 @@ class LineReader {
 
 // max_position_embeddings of the model's config.json, at most 4096.
 int64_t context_positions(const std::string& dir) {
-  const nlohmann::json cfg = read_json_file(dir + "/config.json", "the model's config");
+  const nlohmann::ordered_json cfg = read_json_file(dir + "/config.json", "the model's config");
   const auto it = cfg.find("max_position_embeddings");
   const int64_t n = it != cfg.end() && it->is_number_integer() ? it->get<int64_t>() : 4096;
   return std::clamp<int64_t>(n, 1, 4096);
@@ -104,7 +104,7 @@ int run_chat(const ChatOpts& o) {
   go.sampling.top_p = o.top_p;
   go.sampling.seed = o.seed;
   go.extra_eos = tokenizer_stop_ids(*tm.tok);
-  nlohmann::json messages = nlohmann::json::array();
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
   std::unique_ptr<LineReader> reader;
   if (lead) {
@@ -128,7 +128,7 @@ int run_chat(const ChatOpts& o) {
       if (!line || *line == "/exit" || *line == "/quit") {
         n = kExit;
       } else if (*line == "/reset") {
-        messages = nlohmann::json::array();
+        messages = nlohmann::ordered_json::array();
         if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
         fmt::print("(conversation cleared)\n");
         continue;

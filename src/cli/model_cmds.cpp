@@ -92,7 +92,7 @@ std::vector<std::vector<int32_t>> text_prompts(const GenOpts& g, const TextModel
   eo.parse_special = !g.no_special;
   for (const auto& p : g.prompts) out.push_back(tm.tok->encode(p, eo));
   for (const auto& c : g.chats) {
-    const nlohmann::json msgs = nlohmann::json::array({{{"role", "user"}, {"content", c}}});
+    const nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", c}}});
     out.push_back(encode_rendered_chat(*tm.tok, render_chat(tm, g.chat, msgs, true)));
   }
   if (!g.chat_file.empty())

@@ -48,7 +48,7 @@ serve::SamplingDefaults model_defaults(const std::string& dir) {
   serve::SamplingDefaults d;
   const std::string path = dir + "/generation_config.json";
   if (!std::filesystem::exists(path)) return d;
-  const nlohmann::json g = read_json_file(path, "generation_config.json");
+  const nlohmann::ordered_json g = read_json_file(path, "generation_config.json");
   if (g.value("do_sample", true) == false) d.temperature = 0;  // greedy by the model's choice
   else if (g.contains("temperature") && g["temperature"].is_number()) d.temperature = g["temperature"].get<double>();
   if (g.contains("top_p") && g["top_p"].is_number()) d.top_p = g["top_p"].get<double>();

@@ -20,13 +20,13 @@ void add_chat_flags(CLI::App* cmd, ChatFlags& f) {
       ->check(CLI::ExistingFile);
 }
 
-nlohmann::json read_json_file(const std::string& path, const std::string& what) {
+nlohmann::ordered_json read_json_file(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "{}: cannot read {}", what, path);
   std::stringstream ss;
   ss << in.rdbuf();
   try {
-    return nlohmann::json::parse(ss.str());
+    return nlohmann::ordered_json::parse(ss.str());
   } catch (const nlohmann::json::exception& e) {
     MOE_FAIL("{} {} is not valid JSON: {}", what, path, e.what());
   }
@@ -44,7 +44,7 @@ TextModel load_text_model(const std::string& dir, const ChatFlags& f) {
   return tm;
 }
 
-std::string render_chat(const TextModel& tm, const ChatFlags& f, const nlohmann::json& messages,
+std::string render_chat(const TextModel& tm, const ChatFlags& f, const nlohmann::ordered_json& messages,
                         bool add_generation_prompt) {
   MOE_CHECK(tm.tmpl, "this model has no chat template ({}); give one with --chat-template FILE", tm.template_error);
   MOE_CHECK(messages.is_array(), "the chat must be a JSON list of messages ({{\"role\": ..., \"content\": ...}}), got {}",
@@ -54,7 +54,7 @@ std::string render_chat(const TextModel& tm, const ChatFlags& f, const nlohmann:
   req.add_generation_prompt = add_generation_prompt;
   if (!f.template_kwargs.empty()) {
     try {
-      req.kwargs = nlohmann::json::parse(f.template_kwargs);
+      req.kwargs = nlohmann::ordered_json::parse(f.template_kwargs);
     } catch (const nlohmann::json::exception& e) {
       MOE_FAIL("--template-kwargs is not valid JSON: {}", e.what());
     }

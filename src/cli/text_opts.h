@@ -36,11 +36,13 @@ struct TextModel {
 TextModel load_text_model(const std::string& dir, const ChatFlags& f);
 
 // A JSON file (what: "--chat-file") parsed, with errors naming it.
-nlohmann::json read_json_file(const std::string& path, const std::string& what);
+// Keys keep the file's order (ordered_json): a template's tojson prints them in that
+// order, as Python's json does.
+nlohmann::ordered_json read_json_file(const std::string& path, const std::string& what);
 
 // The rendered prompt of `messages` (an OpenAI-style list), as transformers'
 // apply_chat_template(..., tokenize=False) renders it.
-std::string render_chat(const TextModel& tm, const ChatFlags& f, const nlohmann::json& messages,
+std::string render_chat(const TextModel& tm, const ChatFlags& f, const nlohmann::ordered_json& messages,
                         bool add_generation_prompt);
 
 // The ids of a rendered chat: special tokens in it are read as control tokens (the
