@@ -140,7 +140,7 @@ struct StreamState {
   ChunkWriter writer;  // refers to req
   TokenClock clock;
   std::unique_ptr<Flight> flight;
-  bool started = false, ended = false;
+  bool started = false, ended = false, recorded = false;
   StreamState(ApiRequest r, std::shared_ptr<Stream> s, ResponseMeta meta, const text::Tokenizer& tok,
               Clock::time_point arrival, std::unique_ptr<Flight> fl)
       : req(std::move(r)), stream(std::move(s)), writer(req, std::move(meta), tok), clock{arrival, arrival},
@@ -183,6 +183,7 @@ struct HttpServer::Impl {
                 Clock::time_point arrival);
   void answer_whole(const httplib::Request& req, httplib::Response& res, const ApiRequest& r,
                     std::shared_ptr<Stream> s, ResponseMeta meta, Clock::time_point arrival, std::unique_ptr<Flight> fl);
+  void record(StreamState& st, int status);  // a streamed request's metrics, once
   void answer_stream(httplib::Response& res, ApiRequest r, std::shared_ptr<Stream> s, ResponseMeta meta,
                      Clock::time_point arrival, std::unique_ptr<Flight> fl);
   std::string metrics_text() const { return metrics.text() + engine.metrics(); }
@@ -418,6 +419,14 @@ void HttpServer::Impl::answer_whole(const httplib::Request& req, httplib::Respon
   (void)fl;
 }
 
+void HttpServer::Impl::record(StreamState& st, int status) {
+  if (st.recorded) return;
+  st.recorded = true;
+  metrics.tokens(st.req.prompt_tokens, st.stream->completion_tokens());
+  metrics.request_duration.observe(seconds_since(st.clock.arrival));
+  metrics.request(st.req.api == Api::chat ? "/v1/chat/completions" : "/v1/completions", status);
+}
+
 void HttpServer::Impl::answer_stream(httplib::Response& res, ApiRequest r, std::shared_ptr<Stream> s, ResponseMeta meta,
                                      Clock::time_point arrival, std::unique_ptr<Flight> fl) {
   auto st = std::make_shared<StreamState>(std::move(r), std::move(s), std::move(meta), engine.tokenizer(), arrival,
@@ -430,6 +439,9 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, ApiRequest r, std::
     auto put = [&](const std::string& text) { return text.empty() || sink.write(text.data(), text.size()); };
     auto end_with = [&](const std::string& text) {
       st->ended = true;
+      // Count the request before its last event goes out: a client that reads /metrics
+      // right after [DONE] must see it.
+      record(*st, 200);
       if (put(text)) sink.done();
       return true;
     };
@@ -462,11 +474,8 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, ApiRequest r, std::
   // Runs when the response is destroyed: the stream ended, the client left, or the
   // server stopped. Whatever the engine still runs for it is cancelled.
   auto releaser = [this, st](bool) {
-    const bool complete = st->ended;
-    if (!complete) st->stream->cancel();
-    metrics.tokens(st->req.prompt_tokens, st->stream->completion_tokens());
-    metrics.request_duration.observe(seconds_since(st->clock.arrival));
-    metrics.request(st->req.api == Api::chat ? "/v1/chat/completions" : "/v1/completions", complete ? 200 : 499);
+    if (!st->ended) st->stream->cancel();
+    record(*st, 499);  // no-op when end_with counted it
     st->flight.reset();
   };
   res.set_chunked_content_provider("text/event-stream", provider, releaser);
