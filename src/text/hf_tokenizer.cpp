@@ -30,6 +30,20 @@ namespace {
 
 using js::json;
 
+// One entry of tokenizer.json's "added_tokens" or tokenizer_config.json's
+// "added_tokens_decoder" (the same fields in both; `normalized` defaults to !special,
+// as in tokenizers).
+AddedToken parse_added_token(const json& t, const std::string& w) {
+  AddedToken a;
+  a.content = js::str(t, "content", w);
+  a.single_word = js::boolean_or(t, "single_word", false, w);
+  a.lstrip = js::boolean_or(t, "lstrip", false, w);
+  a.rstrip = js::boolean_or(t, "rstrip", false, w);
+  a.special = js::boolean_or(t, "special", false, w);
+  a.normalized = js::boolean_or(t, "normalized", !a.special, w);
+  return a;
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   MOE_CHECK(f.good(), "cannot open {}", path);
@@ -165,13 +179,7 @@ HfTokenizer::HfTokenizer(std::string_view json_text, std::string_view config_tex
     for (size_t i = 0; i < at->size(); ++i) {
       const json& t = (*at)[i];
       const std::string w = fmt::format("{}: added_tokens[{}]", name, i);
-      AddedToken a;
-      a.content = js::str(t, "content", w);
-      a.single_word = js::boolean_or(t, "single_word", false, w);
-      a.lstrip = js::boolean_or(t, "lstrip", false, w);
-      a.rstrip = js::boolean_or(t, "rstrip", false, w);
-      a.special = js::boolean_or(t, "special", false, w);
-      a.normalized = js::boolean_or(t, "normalized", !a.special, w);
+      AddedToken a = parse_added_token(t, w);
       if (const json* id = js::find(t, "id"))
         MOE_CHECK(id->is_number_integer() && id->get<int64_t>() >= 0 && id->get<int64_t>() < (int64_t{1} << 31),
                   "{}: 'id' must be an integer in [0, 2^31)", w);
@@ -244,13 +252,7 @@ void HfTokenizer::apply_config(const json& cfg, const std::string& where) {
         MOE_FAIL("{}: key must be a token id", w);
       }
       const json& t = it.value();
-      AddedToken a;
-      a.content = js::str(t, "content", w);
-      a.single_word = js::boolean_or(t, "single_word", false, w);
-      a.lstrip = js::boolean_or(t, "lstrip", false, w);
-      a.rstrip = js::boolean_or(t, "rstrip", false, w);
-      a.special = js::boolean_or(t, "special", false, w);
-      a.normalized = js::boolean_or(t, "normalized", !a.special, w);
+      AddedToken a = parse_added_token(t, w);
       items.emplace_back(idx, std::move(a));
     }
     std::sort(items.begin(), items.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
