@@ -9,6 +9,7 @@
 #include "core/cpu.h"
 #include "model/attention_kernels.h"
 #include "test_util.h"
+#include "test_isa.h"
 
 namespace moe {
 namespace {
@@ -67,14 +68,13 @@ std::vector<float> run_case(const Case& c, uint64_t seed, bool paged = false) {
   a.scale = 0.3f;
   a.ctx = ref.data();
   gqa_attend_reference(a);
-  for (Isa isa : {Isa::Portable, Isa::Avx512}) {
-    set_isa_cap(isa);
+  for (Isa isa : test::available_isas()) {
+    test::IsaScope scope(isa);
     a.ctx = got.data();
     gqa_attend(a);
     EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)), 0)
         << "heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " isa " << isa_name(active_isa());
   }
-  set_isa_cap(Isa::Avx512Bf16);
   return ref;
 }
 

@@ -1,7 +1,7 @@
 // Grouped GEMM: allocation of the packed weights, the scalar reference, task building and
 // ISA dispatch, and the portable kernel. Packing itself (pack_expert, unpack_expert) is in
-// pack.cpp, the AVX-512 kernels in grouped_gemm_avx512.cpp, the AVX2 build of the portable
-// kernel in grouped_gemm_avx2.cpp. Layout: see grouped_gemm_impl.h.
+// pack.cpp, the AVX-512 kernels in grouped_gemm_avx512.cpp, the AVX2 kernels in
+// grouped_gemm_avx2.cpp and grouped_gemm_int8_avx2.cpp. Layout: see grouped_gemm_impl.h.
 #include "kernels/grouped_gemm.h"
 
 #include <omp.h>
@@ -127,8 +127,10 @@ using Runner = void (*)(const gg::Job&, const gg::Task&);
 Runner pick_runner(DType wt) {
   const Isa isa = active_isa();
   if (wt == DType::F8E4M3) return gg::run_task_f8;
-  if (wt == DType::I8)
-    return isa >= Isa::Avx512 && cpu_features().avx512_vnni ? gg::run_task_avx512_vnni_i8 : gg::run_task_portable_i8;
+  if (wt == DType::I8) {
+    if (isa >= Isa::Avx512 && cpu_features().avx512_vnni) return gg::run_task_avx512_vnni_i8;
+    return isa >= Isa::Avx2 ? gg::run_task_avx2_i8 : gg::run_task_portable_i8;
+  }
   if (wt == DType::BF16) {
     switch (isa) {
       case Isa::Avx512Bf16: return gg::run_task_avx512bf16;

@@ -1,4 +1,4 @@
-// Private to grouped_gemm.cpp (baseline x86-64) and grouped_gemm_avx2.cpp (-mavx2 -mfma):
+// Private to grouped_gemm.cpp and grouped_gemm_int8.cpp (baseline x86-64):
 // the plain-C++ task runner, written so the compiler vectorises it for whichever ISA the
 // including file is compiled for. Everything here has internal linkage (see the ODR note
 // in grouped_gemm_impl.h).

@@ -181,6 +181,7 @@ void pack_expert_i8(PackedExperts& p, int64_t e, const Tensor& w);
 Tensor unpack_expert_i8(const PackedExperts& p, int64_t e);
 void reference_i8(const GroupedGemmParams& p);
 void run_task_avx512_vnni_i8(const Job& j, const Task& t);  // vpdpbusd, grouped_gemm_int8_avx512.cpp
+void run_task_avx2_i8(const Job& j, const Task& t);  // vpmaddubsw + vpmaddwd, grouped_gemm_int8_avx2.cpp
 // F8E4M3 (grouped_gemm_fp8.cpp): dequantise panel by panel to bf16, then the bf16 runner.
 void run_task_f8(const Job& j, const Task& t);
 Tensor unpack_expert_f8(const PackedExperts& p, int64_t e);
@@ -190,5 +191,9 @@ Tensor unpack_expert_f8(const PackedExperts& p, int64_t e);
 void dequant_pairs_f8_avx512bf16(const Job& j, int64_t e, int64_t P, int64_t p0, int64_t p1, uint16_t* dst);
 // The F8 task with vdpbf16ps (grouped_gemm_avx512.cpp); buf: a bf16 panel's bytes.
 void run_task_f8_avx512bf16(const Job& j, const Task& t, char* buf);
+// The same two on AVX2 (grouped_gemm_avx2.cpp): decode converts in registers, prefill
+// dequantises a panel into buf (64-byte aligned) and runs the AVX2 bf16 kernel on it.
+void dequant_pairs_f8_avx2(const Job& j, int64_t e, int64_t P, int64_t p0, int64_t p1, uint16_t* dst);
+void run_task_f8_avx2(const Job& j, const Task& t, char* buf);
 
 }  // namespace moe::gg

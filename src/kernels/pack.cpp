@@ -7,7 +7,7 @@
 // of converting to f32 and then to the packed dtype: bf16 -> bf16 moves bits (a
 // signalling NaN leaves quiet, as f32_to_bf16 makes every NaN); f32/f16 -> bf16 rounds
 // to nearest even exactly as f32_to_bf16 (core/dtype.h); bf16/f16 -> f32 is exact.
-// The AVX-512 panel packer is in pack_avx512.cpp.
+// The vector panel packers are in pack_avx512.cpp and pack_avx2.cpp.
 //
 // The I8 (W8A8) packing, which quantises, lives in grouped_gemm_int8.cpp.
 #include <sys/mman.h>
@@ -73,16 +73,15 @@ uint32_t packed_word(const void* row, int64_t s, int64_t k) {
 }
 
 template <DType S, DType D>
-void pack_panel_portable_t(const PanelPack& pp) {
+void pack_panel_portable_t(const PanelPack& pp, int64_t s_begin, int64_t s_end) {
   // A tile of 64 columns x kBlock steps (4 KiB of words) is read row by row, then
   // written panel row by panel row: both sides stay within L1 (32 KiB or more on every
   // x86 core) and every panel row (256 bytes) is written whole.
   constexpr int kBlock = 16;
-  const int64_t steps = pack_steps(pp);
   uint32_t* out = static_cast<uint32_t*>(pp.out);
   uint32_t tile[kPanel][kBlock];
-  for (int64_t s0 = 0; s0 < steps; s0 += kBlock) {
-    const int ns = static_cast<int>(std::min<int64_t>(kBlock, steps - s0));
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += kBlock) {
+    const int ns = static_cast<int>(std::min<int64_t>(kBlock, s_end - s0));
     for (int j = 0; j < kPanel; ++j)
       for (int s = 0; s < ns; ++s) tile[j][s] = pp.rows[j] ? packed_word<S, D>(pp.rows[j], s0 + s, pp.k) : 0u;
     for (int s = 0; s < ns; ++s)
@@ -92,18 +91,20 @@ void pack_panel_portable_t(const PanelPack& pp) {
 
 }  // namespace
 
-void pack_panel_portable(const PanelPack& pp) {
+void pack_panel_portable_steps(const PanelPack& pp, int64_t s0, int64_t s1) {
   const bool bf = pp.dst == DType::BF16;
   switch (pp.src) {
-    case DType::F32: return bf ? pack_panel_portable_t<DType::F32, DType::BF16>(pp)
-                               : pack_panel_portable_t<DType::F32, DType::F32>(pp);
-    case DType::BF16: return bf ? pack_panel_portable_t<DType::BF16, DType::BF16>(pp)
-                                : pack_panel_portable_t<DType::BF16, DType::F32>(pp);
-    case DType::F16: return bf ? pack_panel_portable_t<DType::F16, DType::BF16>(pp)
-                               : pack_panel_portable_t<DType::F16, DType::F32>(pp);
+    case DType::F32: return bf ? pack_panel_portable_t<DType::F32, DType::BF16>(pp, s0, s1)
+                               : pack_panel_portable_t<DType::F32, DType::F32>(pp, s0, s1);
+    case DType::BF16: return bf ? pack_panel_portable_t<DType::BF16, DType::BF16>(pp, s0, s1)
+                                : pack_panel_portable_t<DType::BF16, DType::F32>(pp, s0, s1);
+    case DType::F16: return bf ? pack_panel_portable_t<DType::F16, DType::BF16>(pp, s0, s1)
+                               : pack_panel_portable_t<DType::F16, DType::F32>(pp, s0, s1);
     default: MOE_FAIL("pack: source dtype {} is not f32, bf16 or f16", dtype_name(pp.src));
   }
 }
+
+void pack_panel_portable(const PanelPack& pp) { pack_panel_portable_steps(pp, 0, pack_steps(pp)); }
 
 }  // namespace gg
 
@@ -136,7 +137,8 @@ void pack_rows(PackedExperts& p, int64_t e, const RowSource& top, int64_t top_ro
   pp.src = top.dtype;
   pp.dst = p.dtype;
   pp.k = p.k;
-  const bool avx512 = active_isa() >= Isa::Avx512;
+  const Isa isa = active_isa();
+  const bool avx512 = isa >= Isa::Avx512, avx2 = isa == Isa::Avx2;
   const int64_t np = gg::n_panels(p.n, p.gated), pe = gg::panel_elems(p.k, p.dtype);
   char* base = static_cast<char*>(p.data.raw()) + (e * p.expert_stride) * dtype_size(p.dtype);
   // Panels are whole multiples of 256 bytes, so this holds for every panel when it holds
@@ -153,10 +155,13 @@ void pack_rows(PackedExperts& p, int64_t e, const RowSource& top, int64_t top_ro
     pp.out = base + P * pe * dtype_size(p.dtype);
     if (avx512)
       gg::pack_panel_avx512(pp);
+    else if (avx2)
+      gg::pack_panel_avx2(pp);
     else
       gg::pack_panel_portable(pp);
   }
   if (avx512) gg::pack_fence_avx512();
+  if (avx2) gg::pack_fence_avx2();
 }
 
 void check_source(const PackedExperts& p, int64_t e, const Tensor& w, int64_t rows, const char* what) {

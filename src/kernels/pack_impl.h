@@ -34,6 +34,10 @@ struct PanelPack {
 inline int64_t pack_steps(const PanelPack& pp) { return pp.dst == DType::BF16 ? (pp.k + 1) / 2 : pp.k; }
 
 void pack_panel_portable(const PanelPack& pp);
+// Panel rows (steps) [s_begin, s_end) only (the AVX2 packer's tail).
+void pack_panel_portable_steps(const PanelPack& pp, int64_t s_begin, int64_t s_end);
+void pack_panel_avx2(const PanelPack& pp);  // pack_avx2.cpp; needs Isa::Avx2
+void pack_fence_avx2();                     // as pack_fence_avx512, for pack_panel_avx2
 void pack_panel_avx512(const PanelPack& pp);  // pack_avx512.cpp; needs Isa::Avx512
 // Orders the AVX-512 packer's streaming (non-temporal) stores before later loads and
 // stores of this thread; call once after a batch of pack_panel_avx512 calls.

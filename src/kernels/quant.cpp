@@ -1,5 +1,6 @@
 // Quantisation helpers (see quant.h): the scalar definitions, row/expand drivers and
-// the FP8 E4M3 block dequantisation. The AVX-512 row quantiser is in quant_avx512.cpp.
+// the FP8 E4M3 block dequantisation. The vector row quantisers are in quant_avx512.cpp and
+// quant_avx2.cpp.
 #include "kernels/quant.h"
 
 #include <algorithm>
@@ -59,6 +60,8 @@ void quantize_row_q8_reference(const float* x, const float* smooth, int64_t k, v
 void quantize_row_q8(const float* x, const float* smooth, int64_t k, void* dst) {
   if (active_isa() >= Isa::Avx512)
     quant_detail::quantize_row_q8_avx512(x, smooth, k, dst);
+  else if (active_isa() == Isa::Avx2)
+    quant_detail::quantize_row_q8_avx2(x, smooth, k, dst);
   else
     quantize_row_q8_reference(x, smooth, k, dst);
 }
@@ -74,6 +77,8 @@ void quantize_row_q8_static(const float* x, const float* smooth, int64_t k, floa
   MOE_DCHECK(s > 0.0f && std::isfinite(s));
   if (active_isa() >= Isa::Avx512)
     quant_detail::quantize_row_q8_static_avx512(x, smooth, k, s, dst);
+  else if (active_isa() == Isa::Avx2)
+    quant_detail::quantize_row_q8_static_avx2(x, smooth, k, s, dst);
   else
     quantize_row_q8_static_reference(x, smooth, k, s, dst);
 }

@@ -30,7 +30,7 @@ inline constexpr int64_t q8_row_bytes(int64_t k) { return q8_scale_offset(k) + 4
 float q8_row_scale(const void* row, int64_t k);
 
 // Quantises one row x[k] (f32) divided by smooth[k] (null: no smooth) into a Q8 row at
-// dst (q8_row_bytes(k) bytes). Picks the AVX-512 path when the active ISA has it.
+// dst (q8_row_bytes(k) bytes). Picks the AVX-512 or AVX2 path when the active ISA has it.
 void quantize_row_q8(const float* x, const float* smooth, int64_t k, void* dst);
 // The scalar path, the definition the vector path must match (tests).
 void quantize_row_q8_reference(const float* x, const float* smooth, int64_t k, void* dst);
@@ -88,6 +88,8 @@ Tensor dequantize_fp8_blocks(const Tensor& w, const Tensor& scale_inv, int64_t b
 namespace quant_detail {
 void quantize_row_q8_avx512(const float* x, const float* smooth, int64_t k, void* dst);  // quant_avx512.cpp
 void quantize_row_q8_static_avx512(const float* x, const float* smooth, int64_t k, float s, void* dst);
+void quantize_row_q8_avx2(const float* x, const float* smooth, int64_t k, void* dst);  // quant_avx2.cpp
+void quantize_row_q8_static_avx2(const float* x, const float* smooth, int64_t k, float s, void* dst);
 }
 
 }  // namespace moe

@@ -6,10 +6,12 @@
 namespace moe {
 
 void gqa_attend_avx512(const GqaAttendArgs& a);  // attention_kernels_avx512.cpp
+void gqa_attend_avx2(const GqaAttendArgs& a);    // attention_kernels_avx2.cpp
 
 void gqa_attend(const GqaAttendArgs& a) {
   if (a.batch->n_tokens() == 0) return;
   if (active_isa() >= Isa::Avx512) gqa_attend_avx512(a);
+  else if (active_isa() == Isa::Avx2) gqa_attend_avx2(a);
   else attn_impl::gqa_attend(a);
 }
 

@@ -1,6 +1,6 @@
 // Private to attention_kernels*.cpp: the blocked GQA attention body, compiled once
-// for the baseline ISA and once with AVX-512 (GCC vector extensions: the same
-// element-wise multiplies and adds either way, so the same bits).
+// for the baseline ISA, once with AVX2 and once with AVX-512 (GCC vector extensions: the
+// same element-wise multiplies and adds either way, so the same bits).
 #pragma once
 
 #include <omp.h>
