@@ -8,17 +8,19 @@
 // result does not depend on the other rows of the call (batch invariance).
 //
 // Blocking: 16 ymm registers. A microkernel computes MR rows x NQ ymm (8 columns each)
-// of a 64-column panel over the whole K, MR * NQ <= 12 accumulators:
+// of a 64-column panel over the whole K, MR * NQ <= 8 accumulators:
 //   MR 1 -> NQ 8 (the whole panel in one pass: one contiguous weight stream, decode),
-//   MR 2, 3 -> NQ 4 (two passes over the panel's column halves),
-//   MR 4..6 -> NQ 2 (four passes of 16 columns; 6 x 16 is the classic AVX2 FMA tile:
-//   12 accumulators, per k two weight loads and six broadcasts for 12 FMAs).
+//   MR 2 -> NQ 4 (two passes over the panel's column halves),
+//   MR 3, 4 -> NQ 2 (four passes of 16 columns: per k (pair) 2 weight loads and 4 (8)
+//   broadcasts for 8 (16) FMAs, so the FMA ports, not the loads, set the pace).
+// Not the classic 6 x 16 tile with 12 accumulators: with the bf16 widening temporaries
+// GCC 12 spilled accumulators to the stack in every k step (seen in the disassembly).
 // A pass reads only its own cache lines of each 256-byte panel row, so every weight byte
 // still comes from DRAM once per row block; later row blocks re-read the panel from L2.
 // bf16 weights: a ymm of the panel holds 8 columns x one k pair; the even k is the low
 // half shifted left by 16, the odd k the high half masked -- two integer ops per 16
 // weights, amortised over MR rows. bf16 activations are widened once per row block into
-// a per-thread scratch of (even, odd) f32 pairs, so the inner loop broadcasts from memory.
+// a per-thread scratch of f32 rows, so the inner loop broadcasts from memory.
 // Decode (<= kDecodeMaxRows rows) prefetches the stream into L2, prefill's first row block
 // into L1 (as the AVX-512 kernels, measured there).
 #include <immintrin.h>
@@ -33,16 +35,15 @@ namespace {
 
 enum class Kind { F32, Bf16, F8 };  // F8: e4m3 codes converted in registers (decode)
 
-constexpr int kMaxRows = 6;
+constexpr int kMaxRows = 4;
 
-constexpr int nq_for(int mr) { return mr == 1 ? 8 : mr <= 3 ? 4 : 2; }
+constexpr int nq_for(int mr) { return mr == 1 ? 8 : mr == 2 ? 4 : 2; }
 
-// The A operand of one row block: f32 rows read in place (rows lda apart), or bf16 rows
-// widened to f32 pairs, interleaved as ab[(p * MR + r) * 2 + {0, 1}] for k pair p.
+// The A operand of one row block as f32 rows, row r at f32 + r * lda: f32 activations
+// read in place, bf16 ones widened into a per-thread scratch (rows of 2 ceil(K/2) floats).
 struct ABlock {
-  const float* f32 = nullptr;  // Kind::F32: row 0; row r at f32 + r * lda
-  int64_t lda = 0;             // floats
-  const float* pairs = nullptr;  // Kind::Bf16
+  const float* f32 = nullptr;
+  int64_t lda = 0;  // floats
 };
 
 // The B operand: a panel of the packed weights; F8 also its block scales (PackedExperts::
@@ -104,13 +105,13 @@ inline void microkernel(const BPanel& bpanel, const ABlock& ab, int64_t S, int q
       const char* bp = base + p * 128;
       if constexpr (PFD > 0) prefetch_lines<PFH>(bp + PFD, kLines);
       const float* sc = bpanel.f8_scale + (p / bpanel.f8_kb_pairs) * 2 * kPanel + q0 * 16;
-      const float* ap = ab.pairs + p * MR * 2;
+      const float* ap = ab.f32 + 2 * p;
       for (int q = 0; q < NQ; ++q) {
         __m256 be, bo;
         f8x16_to_pairs(bp + 16 * q, sc + 16 * q, be, bo);
         for (int r = 0; r < MR; ++r) {
-          acc[r][q] = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + 2 * r), be, acc[r][q]);
-          acc[r][q] = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + 2 * r + 1), bo, acc[r][q]);
+          acc[r][q] = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + r * ab.lda), be, acc[r][q]);
+          acc[r][q] = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + r * ab.lda + 1), bo, acc[r][q]);
         }
       }
     }
@@ -134,14 +135,33 @@ inline void microkernel(const BPanel& bpanel, const ABlock& ab, int64_t S, int q
     for (int64_t p = 0; p < S; ++p) {
       const char* bp = base + p * 256;
       if constexpr (PFD > 0) prefetch_lines<PFH>(bp + PFD, kLines);
-      const float* ap = ab.pairs + p * MR * 2;
-      for (int q = 0; q < NQ; ++q) {
-        const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(bp + 32 * q));
-        const __m256 be = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
-        const __m256 bo = _mm256_castsi256_ps(_mm256_and_si256(b, hi));
+      const float* ap = ab.f32 + 2 * p;
+      // Loop order by register pressure (GCC keeps every value of the inner loop live):
+      // few rows widen one weight vector at a time for all rows; more rows widen the
+      // pass's NQ = 2 vectors first and stream the rows' broadcasts past them.
+      if constexpr (MR <= 2) {
+        for (int q = 0; q < NQ; ++q) {
+          const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(bp + 32 * q));
+          const __m256 be = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+          const __m256 bo = _mm256_castsi256_ps(_mm256_and_si256(b, hi));
+          for (int r = 0; r < MR; ++r) {
+            acc[r][q] = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + r * ab.lda), be, acc[r][q]);
+            acc[r][q] = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + r * ab.lda + 1), bo, acc[r][q]);
+          }
+        }
+      } else {
+        __m256 be[NQ], bo[NQ];
+        for (int q = 0; q < NQ; ++q) {
+          const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(bp + 32 * q));
+          be[q] = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+          bo[q] = _mm256_castsi256_ps(_mm256_and_si256(b, hi));
+        }
         for (int r = 0; r < MR; ++r) {
-          acc[r][q] = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + 2 * r), be, acc[r][q]);
-          acc[r][q] = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + 2 * r + 1), bo, acc[r][q]);
+          const __m256 ae = _mm256_broadcast_ss(ap + r * ab.lda), ao = _mm256_broadcast_ss(ap + r * ab.lda + 1);
+          for (int q = 0; q < NQ; ++q) {
+            acc[r][q] = _mm256_fmadd_ps(ae, be[q], acc[r][q]);
+            acc[r][q] = _mm256_fmadd_ps(ao, bo[q], acc[r][q]);
+          }
         }
       }
     }
@@ -154,7 +174,8 @@ inline void microkernel(const BPanel& bpanel, const ABlock& ab, int64_t S, int q
 template <Kind KD, int MR>
 void block(const Job& j, const BPanel& panel, const ABlock& ab, int64_t S, bool first, bool decode, char* c0,
            int64_t col0, int nv) {
-  constexpr int NQ = nq_for(MR);
+  // FP8's in-register conversion needs ~6 temporaries: narrower passes keep it spill-free.
+  constexpr int NQ = KD == Kind::F8 ? (MR == 1 ? 4 : MR <= 3 ? 2 : 1) : nq_for(MR);
   alignas(32) float tile[MR * kPanel];
   for (int q0 = 0; q0 < 8; q0 += NQ) {
     if (first && decode)
@@ -167,19 +188,24 @@ void block(const Job& j, const BPanel& panel, const ABlock& ab, int64_t S, bool 
   for (int r = 0; r < MR; ++r) avx2_epilogue_row(j, tile + r * kPanel, c0 + r * j.ldc_bytes, col0, nv);
 }
 
-// Widens rows [row, row + mr) of bf16 A into the interleaved pair scratch (an odd K's
-// last pair gets a zero odd half, as the packed weights have a zero k there).
+// Widens rows [row, row + mr) of bf16 A to f32 rows of 2S floats in the scratch (an odd
+// K's last pair gets a zero odd half, as the packed weights have a zero k there).
 void widen_bf16_rows(const Job& j, int64_t row, int mr, std::vector<float>& scratch) {
-  const int64_t S = (j.k + 1) / 2;
-  scratch.resize(static_cast<size_t>(S * mr * 2));
+  const int64_t S = (j.k + 1) / 2, ld = 2 * S;
+  scratch.resize(static_cast<size_t>(ld * mr));
   for (int r = 0; r < mr; ++r) {
     const auto* a = reinterpret_cast<const uint16_t*>(j.a + (row + r) * j.lda_bytes);
-    float* d = scratch.data() + 2 * r;
-    for (int64_t k = 0; k < j.k; ++k) {
-      const uint32_t u = static_cast<uint32_t>(a[k]) << 16;
-      std::memcpy(d + (k / 2) * mr * 2 + (k & 1), &u, 4);
+    float* d = scratch.data() + r * ld;
+    int64_t k = 0;
+    for (; k + 8 <= j.k; k += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + k));
+      _mm256_storeu_ps(d + k, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
     }
-    if (j.k & 1) d[(S - 1) * mr * 2 + 1] = 0.0f;
+    for (; k < j.k; ++k) {
+      const uint32_t u = static_cast<uint32_t>(a[k]) << 16;
+      std::memcpy(d + k, &u, 4);
+    }
+    if (j.k & 1) d[j.k] = 0.0f;
   }
 }
 
@@ -200,7 +226,8 @@ void run_task(const Job& j, const Task& t) {
       ab.lda = j.lda_bytes / 4;
     } else {
       widen_bf16_rows(j, row, mr, scratch);
-      ab.pairs = scratch.data();
+      ab.f32 = scratch.data();
+      ab.lda = 2 * ((j.k + 1) / 2);
     }
     char* c = j.c + row * j.ldc_bytes;
     for (int64_t P = t.p0; P < t.p1; ++P) {
@@ -216,9 +243,7 @@ void run_task(const Job& j, const Task& t) {
         case 1: block<KD, 1>(j, panel, ab, S, first, decode, c, P * per, nv); break;
         case 2: block<KD, 2>(j, panel, ab, S, first, decode, c, P * per, nv); break;
         case 3: block<KD, 3>(j, panel, ab, S, first, decode, c, P * per, nv); break;
-        case 4: block<KD, 4>(j, panel, ab, S, first, decode, c, P * per, nv); break;
-        case 5: block<KD, 5>(j, panel, ab, S, first, decode, c, P * per, nv); break;
-        default: block<KD, 6>(j, panel, ab, S, first, decode, c, P * per, nv); break;
+        default: block<KD, 4>(j, panel, ab, S, first, decode, c, P * per, nv); break;
       }
     }
     row += mr;

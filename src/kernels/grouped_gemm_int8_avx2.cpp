@@ -15,7 +15,8 @@
 //
 // Blocking as the AVX2 float kernel (grouped_gemm_avx2.cpp): MR rows x NQ ymm (8 columns x
 // 4 k each) of the panel, MR * NQ <= 8 int32 accumulators (the sign and madd temporaries
-// need the rest of the 16 registers): MR 1 -> NQ 8, MR 2 -> NQ 4, MR 3, 4 -> NQ 2.
+// need the rest of the 16 registers): MR 1 -> NQ 8, MR 2..4 -> NQ 2 (with NQ 4 at MR 2
+// GCC 12 spilled accumulators to the stack).
 // The weight stream is prefetched into L2 as the VNNI kernel's is (measured there).
 #include <immintrin.h>
 
@@ -29,7 +30,7 @@ namespace {
 
 constexpr int kMaxRows = 4;
 
-constexpr int nq_for(int mr) { return mr == 1 ? 8 : mr == 2 ? 4 : 2; }
+constexpr int nq_for(int mr) { return mr == 1 ? 8 : 2; }
 
 inline __m256i bcast_quad(const char* p) {
   int32_t u;
