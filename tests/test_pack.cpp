@@ -29,12 +29,9 @@ namespace {
 using test::IsaScope;
 
 // The packers differ only between portable and AVX-512 (pack.cpp dispatches on >= Avx512).
-std::vector<Isa> packer_isas() {
-  std::vector<Isa> out{Isa::Portable};
-  IsaScope s(Isa::Avx512);
-  if (active_isa() >= Isa::Avx512) out.push_back(Isa::Avx512);
-  return out;
-}
+// Every level this CPU runs: the portable, AVX2 and AVX-512 packers (AVX512_BF16 packs
+// with the AVX-512 one).
+std::vector<Isa> packer_isas() { return test::available_isas(); }
 
 // Random bit patterns of `dt` (every class of value occurs: about 1/256 of f32 and 1/32
 // of f16 patterns are NaN/Inf, as many are subnormal), with special values planted.
