@@ -25,6 +25,7 @@
 // into L1 (as the AVX-512 kernels, measured there).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/grouped_gemm_avx2_common.h"
@@ -36,6 +37,7 @@ namespace {
 enum class Kind { F32, Bf16, F8 };  // F8: e4m3 codes converted in registers (decode)
 
 constexpr int kMaxRows = 4;
+constexpr int64_t kChunkSteps = 256;
 
 constexpr int nq_for(int mr) { return mr == 1 ? 8 : mr == 2 ? 4 : 2; }
 
@@ -90,18 +92,22 @@ inline void prefetch_lines(const char* p, int lines) {
   for (int i = 0; i < lines; ++i) _mm_prefetch(p + 64 * i, static_cast<_mm_hint>(PFH));
 }
 
-// tile[r][8 q0 .. 8 (q0 + NQ)) = A rows x panel columns, over the k steps [0, S).
-// PFD > 0: prefetch the pass's lines PFD bytes ahead with hint PFH.
+// tile[r][8 q0 .. 8 (q0 + NQ)) (+)= A rows x panel columns over the k steps [s0, s1):
+// resume continues the accumulators stored in the tile (the next k chunk of the same
+// chains, so the chunking does not change a bit). PFD > 0: prefetch the pass's lines
+// PFD bytes ahead with hint PFH.
 template <Kind KD, int MR, int NQ, int PFD, int PFH>
-inline void microkernel(const BPanel& bpanel, const ABlock& ab, int64_t S, int q0, float* tile) {
+inline void microkernel(const BPanel& bpanel, const ABlock& ab, int64_t s0, int64_t s1, int q0, bool resume,
+                        float* tile) {
   const char* panel = bpanel.w;
   __m256 acc[MR][NQ];
   for (int r = 0; r < MR; ++r)
-    for (int q = 0; q < NQ; ++q) acc[r][q] = _mm256_setzero_ps();
+    for (int q = 0; q < NQ; ++q)
+      acc[r][q] = resume ? _mm256_load_ps(tile + r * kPanel + 8 * (q0 + q)) : _mm256_setzero_ps();
   if constexpr (KD == Kind::F8) {  // a k-pair row is 128 bytes of codes: 16 per ymm column
     constexpr int kLines = NQ * 16 / 64 > 0 ? NQ * 16 / 64 : 1;
     const char* base = panel + q0 * 16;
-    for (int64_t p = 0; p < S; ++p) {
+    for (int64_t p = s0; p < s1; ++p) {
       const char* bp = base + p * 128;
       if constexpr (PFD > 0) prefetch_lines<PFH>(bp + PFD, kLines);
       const float* sc = bpanel.f8_scale + (p / bpanel.f8_kb_pairs) * 2 * kPanel + q0 * 16;
@@ -122,17 +128,24 @@ inline void microkernel(const BPanel& bpanel, const ABlock& ab, int64_t S, int q
   constexpr int kLines = NQ * 32 / 64 > 0 ? NQ * 32 / 64 : 1;
   const char* base = panel + q0 * 32;
   if constexpr (KD == Kind::F32) {
-    for (int64_t k = 0; k < S; ++k) {
+    for (int64_t k = s0; k < s1; ++k) {
       const float* bp = reinterpret_cast<const float*>(base + k * 256);
       if constexpr (PFD > 0) prefetch_lines<PFH>(base + k * 256 + PFD, kLines);
-      for (int r = 0; r < MR; ++r) {
-        const __m256 a = _mm256_broadcast_ss(ab.f32 + r * ab.lda + k);
-        for (int q = 0; q < NQ; ++q) acc[r][q] = _mm256_fmadd_ps(a, _mm256_load_ps(bp + 8 * q), acc[r][q]);
+      if constexpr (MR == 1) {  // NQ = 8: the loads fold into the FMAs, one use each
+        const __m256 a = _mm256_broadcast_ss(ab.f32 + k);
+        for (int q = 0; q < NQ; ++q) acc[0][q] = _mm256_fmadd_ps(a, _mm256_load_ps(bp + 8 * q), acc[0][q]);
+      } else {  // load each weight vector once for all rows (folded, it would be loaded MR times)
+        __m256 b[NQ];
+        for (int q = 0; q < NQ; ++q) b[q] = _mm256_load_ps(bp + 8 * q);
+        for (int r = 0; r < MR; ++r) {
+          const __m256 a = _mm256_broadcast_ss(ab.f32 + r * ab.lda + k);
+          for (int q = 0; q < NQ; ++q) acc[r][q] = _mm256_fmadd_ps(a, b[q], acc[r][q]);
+        }
       }
     }
   } else {
     const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-    for (int64_t p = 0; p < S; ++p) {
+    for (int64_t p = s0; p < s1; ++p) {
       const char* bp = base + p * 256;
       if constexpr (PFD > 0) prefetch_lines<PFH>(bp + PFD, kLines);
       const float* ap = ab.f32 + 2 * p;
@@ -177,13 +190,19 @@ void block(const Job& j, const BPanel& panel, const ABlock& ab, int64_t S, bool 
   // FP8's in-register conversion needs ~6 temporaries: narrower passes keep it spill-free.
   constexpr int NQ = KD == Kind::F8 ? (MR == 1 ? 4 : MR <= 3 ? 2 : 1) : nq_for(MR);
   alignas(32) float tile[MR * kPanel];
-  for (int q0 = 0; q0 < 8; q0 += NQ) {
-    if (first && decode)
-      microkernel<KD, MR, NQ, kAvx2PrefetchBytes, _MM_HINT_T1>(panel, ab, S, q0, tile);
-    else if (first)
-      microkernel<KD, MR, NQ, kAvx2PrefetchBytes, _MM_HINT_T0>(panel, ab, S, q0, tile);
-    else
-      microkernel<KD, MR, NQ, 0, 0>(panel, ab, S, q0, tile);
+  // Several passes: K in chunks of kChunkSteps, so one pass's weights (64 B per step) and
+  // the rows' activations (8 B per step and row) stay in the 32 KiB L1 between passes.
+  const int64_t chunk = NQ == 8 ? S : kChunkSteps;
+  for (int64_t s0 = 0; s0 < S; s0 += chunk) {
+    const int64_t s1 = std::min(S, s0 + chunk);
+    for (int q0 = 0; q0 < 8; q0 += NQ) {
+      if (first && decode)
+        microkernel<KD, MR, NQ, kAvx2PrefetchBytes, _MM_HINT_T1>(panel, ab, s0, s1, q0, s0 > 0, tile);
+      else if (first)
+        microkernel<KD, MR, NQ, kAvx2PrefetchBytes, _MM_HINT_T0>(panel, ab, s0, s1, q0, s0 > 0, tile);
+      else
+        microkernel<KD, MR, NQ, 0, 0>(panel, ab, s0, s1, q0, s0 > 0, tile);
+    }
   }
   for (int r = 0; r < MR; ++r) avx2_epilogue_row(j, tile + r * kPanel, c0 + r * j.ldc_bytes, col0, nv);
 }
