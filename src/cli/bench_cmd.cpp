@@ -47,14 +47,18 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       ->capture_default_str();
   cmd->add_option("--dtype", o.dtype,
                   "Compute dtype: bf16, f32, int8 (W8A8 routed experts; router f32, shared experts bf16) or fp8 "
-                  "(routed experts e4m3 with 128x128 block scales, dequantised to bf16 inside the GEMM); a comma "
-                  "list (e.g. bf16,int8,fp8) benchmarks each in turn and compares them")
+                  "(routed experts e4m3 with 128x128 block scales, dequantised to bf16 inside the GEMM) or int4 (W4A8 "
+                  "routed experts: 4-bit weights in groups of --int4-group, int8 activations); a comma list (e.g. "
+                  "bf16,int8,int4,fp8) benchmarks each in turn and compares them")
       ->check([](const std::string& v) {
         for (const std::string& d : bench::dtype_list(v))
-          if (d != "f32" && d != "bf16" && d != "int8" && d != "fp8")
-            return "unknown dtype " + d + " (f32, bf16, int8, fp8)";
+          if (d != "f32" && d != "bf16" && d != "int8" && d != "int4" && d != "fp8")
+            return "unknown dtype " + d + " (f32, bf16, int8, int4, fp8)";
         return std::string();
       })
+      ->capture_default_str();
+  cmd->add_option("--int4-group", o.int4_group, "With --dtype int4: input values per weight group (32, 64 or 128)")
+      ->check(CLI::IsMember({int64_t{32}, int64_t{64}, int64_t{128}}))
       ->capture_default_str();
   cmd->add_option("--seconds", o.seconds, "Time budget per token count (at least 3 calls are timed)")
       ->check(CLI::PositiveNumber)
@@ -70,20 +74,17 @@ namespace {
 bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohmann::json& records,
                      std::map<int64_t, double>& ms_per_call) {
   const MoeConfig cfg = bench::bench_config(o);
-  const DType dtype = parse_dtype(dtype_str);
+  int64_t int4_group = 0;
+  const DType dtype = bench::bench_dtype(dtype_str, o.int4_group, &int4_group);
   const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts, k = cfg.top_k;
   const int threads = num_threads();
 
   fmt::print("moe-ep bench: shape {} (H={} I={} E={} k={}), dtype {}, {} threads\n  cpu: {}\n", o.shape, H, I, E,
              k, dtype_str, threads, cpu_summary());
   const double t_build = now_s();
-  MoeLayer layer(cfg, bench::random_layer(cfg, dtype, 0, E));
-  // FP8: the block scales are read with the codes (w_scale, about 6 % of the codes).
-  auto scale_bytes = [&](const PackedExperts& p) {
-    return p.dtype == DType::F8E4M3 ? p.w_scale.nbytes() / std::max<int64_t>(1, p.n_experts) : size_t{0};
-  };
-  const size_t expert_bytes = layer.weights().w13.bytes_per_expert() + layer.weights().w2.bytes_per_expert() +
-                              scale_bytes(layer.weights().w13) + scale_bytes(layer.weights().w2);
+  MoeLayer layer(cfg, bench::random_layer(cfg, dtype, 0, E, 0, 1, int4_group));
+  // Int4: nibbles + scales + zero points; FP8: codes + block scales.
+  const size_t expert_bytes = bench::expert_read_bytes(layer.weights());
   const double gate_bytes = double(E) * H * 4;
   fmt::print("  weights: {:.2f} GB of experts ({:.1f} MB each), built in {:.1f} s\n",
              double(expert_bytes) * E / 1e9, expert_bytes / 1e6, now_s() - t_build);

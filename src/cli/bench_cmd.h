@@ -26,6 +26,7 @@ struct BenchOptions {
   int64_t shared_inter = -1;                              // --shape custom: shared experts' I (0: none)
   std::vector<int64_t> tokens = {1, 16, 128, 512};
   std::string dtype = "bf16";
+  int64_t int4_group = 32;  // --dtype int4: k values per weight group
   double seconds = 2.0;  // time budget per token count
   std::string json_path;
   bool skip_check = false;

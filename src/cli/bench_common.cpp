@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "kernels/grouped_gemm_int4.h"
 #include "kernels/quant.h"
 #include "moe/reference.h"
 
@@ -163,7 +164,23 @@ std::pair<Tensor, Tensor> expert_weights(const MoeConfig& cfg, int64_t e, DType 
           random_tensor({H, I}, std::sqrt(3.f / I), 101 + 2 * e, dtype)};
 }
 
-MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, int64_t end, int tp_rank, int tp) {
+DType bench_dtype(const std::string& name, int64_t group, int64_t* int4_group) {
+  *int4_group = name == "int4" ? group : 0;
+  return name == "int4" ? DType::I8 : parse_dtype(name);
+}
+
+size_t expert_read_bytes(const MoeLayerWeights& w) {
+  auto one = [](const PackedExperts& p) {
+    if (p.int4_group > 0) return int4_bytes_per_expert(p);
+    // FP8: the block scales are read with the codes (w_scale, about 6 % of the codes).
+    return p.bytes_per_expert() +
+           (p.dtype == DType::F8E4M3 ? p.w_scale.nbytes() / std::max<int64_t>(1, p.n_experts) : size_t{0});
+  };
+  return one(w.w13) + one(w.w2);
+}
+
+MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, int64_t end, int tp_rank, int tp,
+                             int64_t int4_group) {
   const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts;
   MOE_CHECK(I % tp == 0, "--tp {} does not divide the intermediate size {}", tp, I);
   const int64_t Il = I / tp, i0 = tp_rank * Il;
@@ -184,8 +201,11 @@ MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, i
       pack_expert_fp8(w.w2, e - begin, f.w2, f.s2, kFp8Block);
     }
   } else {
-    w.w13 = make_packed_experts(end - begin, 2 * Il, H, dtype, true);
-    w.w2 = make_packed_experts(end - begin, H, Il, dtype, false);
+    MOE_CHECK(int4_group == 0 || dtype == DType::I8, "int4 experts take int8 activations");
+    w.w13 = int4_group > 0 ? make_packed_experts_int4(end - begin, 2 * Il, H, true, int4_group)
+                           : make_packed_experts(end - begin, 2 * Il, H, dtype, true);
+    w.w2 = int4_group > 0 ? make_packed_experts_int4(end - begin, H, Il, false, int4_group)
+                          : make_packed_experts(end - begin, H, Il, dtype, false);
 #pragma omp parallel for schedule(dynamic)
     for (int64_t e = begin; e < end; ++e) {
       const auto [w13, w2] = expert_weights(cfg, e, DType::F32);
@@ -213,8 +233,10 @@ std::string check_sample(const MoeConfig& cfg, const MoeLayerWeights& w, const T
   const Tensor ref =
       moe_reference(cfg, w, x, [&](int64_t e) { return expert_weights(cfg, e, dtype); });
   if (dtype == DType::I8) {
-    // W8A8 against the f32 layer: quantisation error, not rounding order, so the check is
-    // the cosine similarity of the outputs (the bound: >= 0.99).
+    // W8A8 / W4A8 against the f32 layer: quantisation error, not rounding order, so the
+    // check is the cosine similarity of the outputs (the bound: >= 0.99; int4's
+    // error is ~16x int8's per weight: 0.98, see docs/PERF_QUANT.md).
+    const double bound = w.w13.int4_group > 0 ? 0.98 : 0.99;
     double dot = 0, na = 0, nb = 0;
     for (int64_t i = 0; i < ref.numel(); ++i) {
       const double a = y.data<float>()[i], b = ref.data<float>()[i];
@@ -223,7 +245,7 @@ std::string check_sample(const MoeConfig& cfg, const MoeLayerWeights& w, const T
       nb += b * b;
     }
     const double cos = na > 0 && nb > 0 ? dot / std::sqrt(na * nb) : (na == nb ? 1.0 : 0.0);
-    *ok = cos >= 0.99;
+    *ok = cos >= bound;
     return fmt::format("{} ({} tokens, cosine vs f32 {:.5f})", *ok ? "ok" : "FAILED", x.dim(0), cos);
   }
   // bf16: vLLM's CPU MoE bounds (the reference rounds like the kernels); f32: only

@@ -40,8 +40,14 @@ std::vector<std::string> dtype_list(const std::string& s);
 // Router, shared experts and experts [begin, end) (their MoE-TP slice tp_rank of tp).
 // dtype I8: the routed experts W8A8 (quantised from the f32 weights, smooth = 1), the
 // shared experts bf16. F8E4M3: routed experts from fp8_expert, shared experts bf16.
+// int4_group > 0 (with dtype I8): the routed experts W4A8 instead, groups of int4_group k.
 MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, int64_t end, int tp_rank = 0,
-                             int tp = 1);
+                             int tp = 1, int64_t int4_group = 0);
+// --dtype names: "int8" -> I8, "int4" -> I8 with *int4_group = group (else 0), others parse_dtype.
+DType bench_dtype(const std::string& name, int64_t group, int64_t* int4_group);
+// Bytes a GEMM reads per expert of W13 + W2: the packed weights, plus FP8 block scales or
+// int4 scales and zero points.
+size_t expert_read_bytes(const MoeLayerWeights& w);
 
 // Compares y [n, H] against moe_reference on x [n, H] (experts rebuilt from their
 // seeds). Returns "ok (...)" or "FAILED (...)"; *ok tells which.

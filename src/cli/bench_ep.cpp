@@ -89,7 +89,8 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
   const MoeConfig cfg = bench::bench_config(o);
   MOE_CHECK(bench::dtype_list(o.dtype).size() == 1,
             "under mpirun bench takes one --dtype (got '{}'): run once per dtype", o.dtype);
-  const DType dtype = parse_dtype(o.dtype);
+  int64_t int4_group = 0;
+  const DType dtype = bench::bench_dtype(o.dtype, o.int4_group, &int4_group);
   const ParallelConfig& par = o.parallel.par;
   const int R = world.size(), rank = world.rank();
   ParallelGroups groups(world, par);
@@ -101,7 +102,7 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
 
   const double t_build = now_s();
   EpMoeLayer layer(MoeLayer(cfg, bench::random_layer(cfg, dtype, pl.begin(groups.ep_rank()), pl.end(groups.ep_rank()),
-                                                     groups.tp_rank(), par.tp)),
+                                                     groups.tp_rank(), par.tp, int4_group)),
                    world, pl, eo);
   world.barrier();
   if (root)

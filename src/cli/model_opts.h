@@ -18,6 +18,7 @@ namespace moe {
 
 struct CommonOpts {
   std::string model_dir, prompt_ids, dtype = "f32", quantize = "none";
+  int64_t int4_group = 32;  // --int4-group, with --quantize w4a8
   int64_t max_seq_len = 0;
   ParallelOptions parallel;
 };

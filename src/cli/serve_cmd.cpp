@@ -164,8 +164,12 @@ Verb add_serve_verb(CLI::App& app) {
   s->add_option("--dtype", c.dtype, "Weight dtype: f32, or bf16 (bf16 weights and GEMM inputs, f32 accumulation)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
-  s->add_option("--quantize", c.quantize, "Quantise the routed experts at load: none or w8a8 (see `generate --help`)")
-      ->check(CLI::IsMember({"none", "w8a8"}))
+  s->add_option("--quantize", c.quantize,
+                "Quantise the routed experts at load: none, w8a8 or w4a8 (see `generate --help`)")
+      ->check(CLI::IsMember({"none", "w8a8", "w4a8"}))
+      ->capture_default_str();
+  s->add_option("--int4-group", c.int4_group, "With --quantize w4a8: input values per weight group (32, 64 or 128)")
+      ->check(CLI::IsMember({int64_t{32}, int64_t{64}, int64_t{128}}))
       ->capture_default_str();
   add_parallel_options(s, c.parallel);
   s->add_option("--host", o->http.host, "Address to listen on (127.0.0.1: this machine only)")->capture_default_str();

@@ -72,7 +72,7 @@ void check_params(const GroupedGemmParams& p) {
   MOE_CHECK(w.dtype == DType::F32 || w.dtype == DType::BF16 || w.dtype == DType::I8 || w.dtype == DType::F8E4M3,
             "grouped_gemm: weights must be f32, bf16, i8 or f8e4m3");
   MOE_CHECK(p.c_dtype == DType::F32 || p.c_dtype == DType::BF16 ||
-                (p.c_dtype == DType::I32 && w.dtype == DType::I8 && p.act == Activation::None),
+                (p.c_dtype == DType::I32 && w.dtype == DType::I8 && w.int4_group == 0 && p.act == Activation::None),
             "grouped_gemm: c_dtype must be f32 or bf16 (i32: raw accumulators of i8 weights without activation), "
             "got {}",
             dtype_name(p.c_dtype));
@@ -118,14 +118,17 @@ gg::Job make_job(const GroupedGemmParams& p) {
     j.w_comp = w.w_comp.data<int32_t>();
     j.q_stride = gg::n_panels(w.n, w.gated) * kPanel;
     j.a_scale_off = q8_scale_offset(w.k);
+    if (w.int4_group > 0) gg::fill_job_i4(w, j);
   }
   return j;
 }
 
 using Runner = void (*)(const gg::Job&, const gg::Task&);
 
-Runner pick_runner(DType wt) {
+Runner pick_runner(const PackedExperts& w) {
+  const DType wt = w.dtype;
   const Isa isa = active_isa();
+  if (w.int4_group > 0) return isa >= Isa::Avx2 ? gg::run_task_avx2_i4 : gg::run_task_portable_i4;
   if (wt == DType::F8E4M3) return gg::run_task_f8;
   if (wt == DType::I8) {
     if (isa >= Isa::Avx512 && cpu_features().avx512_vnni) return gg::run_task_avx512_vnni_i8;
@@ -184,7 +187,7 @@ void grouped_gemm(const GroupedGemmParams& p) {
   thread_local std::vector<gg::Task> tasks;
   build_tasks(j, w.n_experts, np, nt, tasks);
   if (tasks.empty()) return;
-  const Runner run = pick_runner(w.dtype);
+  const Runner run = pick_runner(w);
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
   const gg::Task* tk = tasks.data();
   // Below ~2^18 multiply-adds (tens of microseconds on one core) waking a team
@@ -202,6 +205,7 @@ void grouped_gemm(const GroupedGemmParams& p) {
 void grouped_gemm_reference(const GroupedGemmParams& p) {
   check_params(p);
   const PackedExperts& w = *p.w;
+  if (w.int4_group > 0) return gg::reference_i4(p);
   if (w.dtype == DType::I8) return gg::reference_i8(p);
   const int64_t K = w.k, N = w.n, n_out = w.n_out();
   std::vector<float> arow(K), acc(N);

@@ -61,6 +61,12 @@ struct PackedExperts {
   // of each of the 64 packed columns written twice (the k pair of a VNNI element), so
   // byte i of a panel's k-pair row is scaled by entry i: one vector load per 16 values.
   int64_t block_k = 0;
+  // I8 with int4 weights (W4A8, kernels/grouped_gemm_int4.h) when > 0: k values per
+  // weight group (32, 64 or 128). Then data holds nibbles, w_scale the f32 scale and
+  // w_zero (u8) the zero point of each (packed column, group); w_comp is undefined.
+  int64_t int4_group = 0;
+  bool int4_zero_points = true;  // the quantiser pack_expert uses (asymmetric / symmetric)
+  Tensor w_zero;
 
   int64_t n_out() const { return gated ? n / 2 : n; }
   // The dtype of activation rows for these weights: bf16 for FP8 (weight-only), else dtype.

@@ -90,6 +90,11 @@ struct Job {
   int64_t f8_scale_stride = 0;
   int64_t f8_n_kb = 0;
   int64_t f8_kb_pairs = 0;
+  // I8 with int4 weights (grouped_gemm_int4_impl.h): w_scale and q_stride as above but
+  // indexed [panel][group][64]; zero points alike; k octets per group; groups per column.
+  const uint8_t* i4_zero = nullptr;
+  int64_t i4_group_oct = 0;
+  int64_t i4_n_groups = 0;
 };
 
 // One task: rows of `expert` x panels [p0, p1).
@@ -195,5 +200,14 @@ void run_task_f8_avx512bf16(const Job& j, const Task& t, char* buf);
 // dequantises a panel into buf (64-byte aligned) and runs the AVX2 bf16 kernel on it.
 void dequant_pairs_f8_avx2(const Job& j, int64_t e, int64_t P, int64_t p0, int64_t p1, uint16_t* dst);
 void run_task_f8_avx2(const Job& j, const Task& t, char* buf);
+
+// W4A8 (grouped_gemm_int4.cpp; AVX2 runner in grouped_gemm_int4_avx2.cpp, which AVX-512
+// machines run too).
+void fill_job_i4(const PackedExperts& p, Job& j);
+void pack_expert_i4(PackedExperts& p, int64_t e, const Tensor& w);
+Tensor unpack_expert_i4(const PackedExperts& p, int64_t e);
+void reference_i4(const GroupedGemmParams& p);
+void run_task_portable_i4(const Job& j, const Task& t);
+void run_task_avx2_i4(const Job& j, const Task& t);
 
 }  // namespace moe::gg

@@ -175,6 +175,7 @@ void run_task_portable_i8(const Job& j, const Task& t) {
 
 void pack_expert_q8(PackedExperts& p, int64_t e, const Tensor& q, const Tensor& scale) {
   MOE_CHECK(p.dtype == DType::I8, "pack_expert_q8: the packed experts are {}, not i8", dtype_name(p.dtype));
+  MOE_CHECK(p.int4_group == 0, "pack_expert_q8: the packed experts are int4 (use pack_expert_q4)");
   MOE_CHECK(0 <= e && e < p.n_experts, "pack_expert_q8: expert {} out of range [0, {})", e, p.n_experts);
   MOE_CHECK(q.dtype() == DType::I8 && q.ndim() == 2 && q.dim(0) == p.n && q.dim(1) == p.k,
             "pack_expert_q8: expected an i8 weight [{}, {}], got {}", p.n, p.k, q.describe());
@@ -219,6 +220,7 @@ void set_expert_act_scale(PackedExperts& p, int64_t e, float s) {
 
 void unpack_expert_q8(const PackedExperts& p, int64_t e, Tensor& q, Tensor& scale) {
   MOE_CHECK(p.dtype == DType::I8, "unpack_expert_q8: the packed experts are {}, not i8", dtype_name(p.dtype));
+  MOE_CHECK(p.int4_group == 0, "unpack_expert_q8: the packed experts are int4 (use unpack_expert_q4)");
   MOE_CHECK(0 <= e && e < p.n_experts, "unpack_expert_q8: expert {} out of range [0, {})", e, p.n_experts);
   q = Tensor::zeros({p.n, p.k}, DType::I8);
   scale = Tensor::zeros({p.n}, DType::F32);

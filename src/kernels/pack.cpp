@@ -178,6 +178,7 @@ void pack_expert(PackedExperts& p, int64_t e, const Tensor& w) {
   MOE_CHECK(0 <= e && e < p.n_experts, "pack_expert: expert {} out of range [0, {})", e, p.n_experts);
   MOE_CHECK(w.ndim() == 2 && w.dim(0) == p.n && w.dim(1) == p.k, "pack_expert: expected weight [{}, {}], got {}",
             p.n, p.k, w.describe());
+  if (p.int4_group > 0) return gg::pack_expert_i4(p, e, w);
   if (p.dtype == DType::I8) return gg::pack_expert_i8(p, e, w);
   MOE_CHECK(p.dtype != DType::F8E4M3, "pack_expert: f8e4m3 experts are packed from e4m3 codes with pack_expert_fp8");
   check_source(p, e, w, p.n, "pack_expert");
@@ -201,7 +202,7 @@ void pack_expert_gated(PackedExperts& p, int64_t e, const Tensor& gate, const Te
     const Tensor g = gate.is_contiguous() ? gate : gate.clone(), u = up.is_contiguous() ? up : up.clone();
     convert_to_f32(g.raw(), g.dtype(), w.data<float>(), half_elems);
     convert_to_f32(u.raw(), u.dtype(), w.data<float>() + half_elems, half_elems);
-    return gg::pack_expert_i8(p, e, w);
+    return p.int4_group > 0 ? gg::pack_expert_i4(p, e, w) : gg::pack_expert_i8(p, e, w);
   }
   Tensor hold_g, hold_u;
   pack_rows(p, e, row_source(gate, hold_g), half, row_source(up, hold_u));
@@ -230,6 +231,7 @@ Tensor zeroed_huge_pages(const Shape& shape, DType dtype) {
 
 Tensor unpack_expert(const PackedExperts& p, int64_t e) {
   MOE_CHECK(0 <= e && e < p.n_experts, "unpack_expert: expert {} out of range [0, {})", e, p.n_experts);
+  if (p.int4_group > 0) return gg::unpack_expert_i4(p, e);
   if (p.dtype == DType::I8) return gg::unpack_expert_i8(p, e);
   if (p.dtype == DType::F8E4M3) return gg::unpack_expert_f8(p, e);
   Tensor out = Tensor::zeros({p.n, p.k}, DType::F32);

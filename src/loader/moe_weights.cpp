@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "core/check.h"
+#include "kernels/grouped_gemm_int4.h"
 #include "kernels/quant.h"
 #include "loader/fp8_weights.h"
 #include "loader/quant_weights.h"
@@ -359,12 +360,23 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   }
   if (bias) w.correction_bias = load_read(ck, *bias, DType::F32).reshape({E});
 
-  const DType experts_dtype = opt.quantize_w8a8 || qf != QuantFormat::None ? DType::I8 : opt.compute;
+  if (opt.quantize_w4a8) {
+    MOE_CHECK(!opt.quantize_w8a8, "--quantize: w4a8 and w8a8 exclude each other");
+    MOE_CHECK(qf == QuantFormat::None,
+              "--quantize w4a8 quantises float experts, but layer {} holds int8 (pre-quantised) experts",
+              layer);
+    MOE_CHECK(valid_int4_group(opt.int4_group), "--int4-group must be 32, 64 or 128, got {}", opt.int4_group);
+  }
+  const DType experts_dtype =
+      opt.quantize_w8a8 || opt.quantize_w4a8 || qf != QuantFormat::None ? DType::I8 : opt.compute;
   // FP8 block-scaled experts computed in bf16 stay e4m3 in memory: the GEMM dequantises
   // panel by panel (fp8_weights.h); for f32 compute they are dequantised here (load_read).
   const bool fp8 = experts_dtype == DType::BF16 && !fused_gu && n_local > 0 && is_fp8_weight(ck, gate[0]->key);
   if (fp8) {
     make_fp8_mlp(ck, n_local, Il, H, w.w13, w.w2);
+  } else if (opt.quantize_w4a8) {
+    w.w13 = make_packed_experts_int4(n_local, 2 * Il, H, /*gated=*/true, opt.int4_group);
+    w.w2 = make_packed_experts_int4(n_local, H, Il, /*gated=*/false, opt.int4_group);
   } else {
     w.w13 = make_packed_experts(n_local, 2 * Il, H, experts_dtype, /*gated=*/true);
     w.w2 = make_packed_experts(n_local, H, Il, experts_dtype, /*gated=*/false);

@@ -33,6 +33,14 @@ struct MlpLoadOptions {
   // absmax / 127 computed at load, smooth = 1); the router and shared experts stay in
   // `compute`.
   bool quantize_w8a8 = false;
+  // --quantize w4a8: the routed experts become W4A8 (kernels/grouped_gemm_int4.h): 4-bit
+  // weights with one scale and zero point per int4_group (32, 64 or 128) k values of each
+  // output column, computed at load; activations as W8A8's. Float checkpoints only.
+  // Default group 32: this quantiser rounds to nearest without calibration, and on
+  // heavy-tailed weights g = 128 doubles the layer's error (1 - cosine) against g = 32
+  // (docs/PERF_QUANT.md) for 18% fewer bytes.
+  bool quantize_w4a8 = false;
+  int64_t int4_group = 32;
   int64_t expert_begin = 0;    // routed experts to load: [begin, end)
   int64_t expert_end = -1;     // -1: all experts
   // MoE-TP: this rank holds intermediate rows [tp_rank*I/tp, (tp_rank+1)*I/tp) of

@@ -116,6 +116,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     MlpLoadOptions lo;
     lo.compute = opt.dtype;
     lo.quantize_w8a8 = opt.quantize_w8a8;
+    lo.quantize_w4a8 = opt.quantize_w4a8;
+    lo.int4_group = opt.int4_group;
     auto weights = [&] { return opt.moe_weights ? opt.moe_weights(l, lo) : load_moe_layer(ck, c.moe, l, lo); };
     if (!multi) {
       L.moe = std::make_unique<MoeLayer>(c.moe, weights());

@@ -43,6 +43,10 @@ struct ModelOptions {
   // (W2's channel scales and GEMM2's activation scales cover that slice only), so the
   // result is close to, not bitwise equal to, the one-rank W8A8 model.
   bool quantize_w8a8 = false;
+  // --quantize w4a8 / --int4-group: the routed experts become W4A8 int4 instead
+  // (MlpLoadOptions::quantize_w4a8); everything else as for w8a8.
+  bool quantize_w4a8 = false;
+  int64_t int4_group = 32;
   int64_t n_slots = 1;       // sequences the KV cache holds
   int64_t max_seq = 0;       // positions per sequence (0: max_position_embeddings)
   int64_t kv_block_size = 16;  // positions per KV block (model/kv_cache.h)

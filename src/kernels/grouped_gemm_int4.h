@@ -1,0 +1,57 @@
+// W4A8 routed experts: 4-bit group-quantised weights, int8 (Q8) activations.
+//
+// Weights: along k, groups of g in {32, 64, 128} values (the last group of a k that g
+// does not divide is shorter: the fixtures' k of 16..40 need it, real checkpoints'
+// 768..7168 never do) share one f32 scale and one zero point per output column:
+//   w[n, k] ~= (u[n, k] - z[n, k / g]) * scale[n, k / g],   u, z in [0, 15].
+// Two quantisers from float (quantize_weight_group_q4), both round to nearest even:
+//   with zero points (asymmetric, GPTQ/AWQ "sym=False"): mn = min(0, min v), mx = max(0,
+//     max v), scale = (mx - mn) / 15, z = nearbyint(-mn * 15 / (mx - mn)), u = clamp(
+//     nearbyint(v * 15 / (mx - mn)) + z, 0, 15); all 16 levels, 0 exactly representable;
+//   symmetric: scale = amax / 7, q = clamp(nearbyint(v * 7 / amax), -7, 7), stored as
+//     u = q + 8 with z = 8 (15 levels, the int8 rule with 7 for 127).
+// Activations: the W8A8 Q8 rows (kernels/quant.h), so the dispatch payload of int4
+// experts is the same int8 rows as W8A8's and the same smooth / static-scale options
+// apply. The GEMM, per row and output column:
+//   acc = 0;  for each group G in k order:  isum = sum_{k in G} q_a[k] * (u[k] - z[G])
+//                                           (exact int32)
+//             acc = acc + (float)isum * scale[G]      (a multiply, then an add: no FMA)
+//   out = act(acc * a_scale) as W8A8's epilogue (grouped_gemm.h).
+// Every ISA performs exactly these operations, so all agree bit for bit with
+// grouped_gemm_reference, and a row's result does not depend on the other rows.
+//
+// In PackedExperts: dtype I8 (the activation dtype, so MoeLayer, the dispatch and
+// fused_moe treat the experts as W8A8) with int4_group = g > 0; w_scale f32 and w_zero
+// u8, both [E, n_panels * n_groups * 64] (layout: grouped_gemm_int4_impl.h).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/grouped_gemm.h"
+
+namespace moe {
+
+// k values per group the int4 kernels accept.
+bool valid_int4_group(int64_t g);  // 32, 64 or 128
+inline int64_t int4_n_groups(int64_t k, int64_t g) { return (k + g - 1) / g; }
+
+// Allocates n_experts [n, k] int4 matrices with groups of `group` along k. zero_points:
+// which quantiser pack_expert / pack_expert_gated use (see above); matrices packed with
+// pack_expert_q4 carry their own zero points either way.
+PackedExperts make_packed_experts_int4(int64_t n_experts, int64_t n, int64_t k, bool gated, int64_t group,
+                                       bool zero_points = true);
+
+// Quantises v[0..len) (one column's group) to u[0..len) in [0, 15]; returns the scale and
+// writes the zero point (8 when symmetric). A zero group: scale 0, u = z.
+float quantize_weight_group_q4(const float* v, int64_t len, bool zero_points, uint8_t* u, uint8_t* zero);
+
+// Packs an already quantised expert: u, U8 [n, k] in [0, 15]; zero, U8 [n, n_groups] in
+// [0, 15]; scale, f32/bf16/f16 [n, n_groups] (finite, >= 0). w[n, k] = (u - zero) * scale.
+void pack_expert_q4(PackedExperts& p, int64_t e, const Tensor& u, const Tensor& zero, const Tensor& scale);
+// Expert e's unsigned codes U8 [n, k], zero points U8 [n, n_groups], scales f32 [n, n_groups].
+void unpack_expert_q4(const PackedExperts& p, int64_t e, Tensor& u, Tensor& zero, Tensor& scale);
+
+// Bytes the GEMM reads per expert (nibbles + scales + zero points), for bandwidth figures.
+size_t int4_bytes_per_expert(const PackedExperts& p);
+
+}  // namespace moe

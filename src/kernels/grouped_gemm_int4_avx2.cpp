@@ -1,0 +1,142 @@
+// W4A8 task runner, AVX2 (vpmaddubsw + vpmaddwd). AVX-512 machines run this one too:
+// an AVX-512 (VNNI) int4 kernel could not be tested on the AVX2-only machine it was
+// written on, so there is none. Layout: grouped_gemm_int4_impl.h; contract:
+// grouped_gemm_int4.h.
+//
+// Per 32-byte load (8 columns x 8 k): `and 0x0f` and `srli 4; and 0x0f` give the two k
+// quads as unsigned codes u in [0, 15]; vpmaddubsw(u, a) multiplies them with the row's
+// int8 activations a (4 bytes broadcast per quad) and adds adjacent pairs into int16;
+// vpaddw sums up to 4 octets (32 k) in int16; vpmaddwd with ones adds the int16 pairs
+// into one int32 per column. The zero point is applied once per group as z * sum(a).
+// Why nothing saturates or wraps: |a| <= 127 (Q8 rows clamp to [-127, 127]; even -128
+// would do), u <= 15, so a vpmaddubsw pair sum is at most 2 * 15 * 128 = 3840 and the
+// int16 sum of 8 of them (4 octets x 2 quads) at most 30720 < 32767; vpmaddwd then
+// adds two such into int32 exactly. Per group of at most 128 k: |dot| <= 128 * 15 * 128
+// = 245760 and |z * sum(a)| <= 15 * 128 * 128 = 245760, so the int32 difference is exact
+// and, being below 2^24, so is its conversion to float. The float steps are those of
+// the portable runner (multiply, then add; no FMA), so the bits agree.
+//
+// Decode (<= kDecodeMaxRows rows): all rows are one register block, so each weight byte
+// is loaded once per task, with the stream prefetched 4 KiB ahead into L2 (T1, as the
+// int8 VNNI kernel, whose comment has the measurement). Prefill: blocks of 4 rows per
+// pass over the panel (which stays in L1/L2 between passes).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/grouped_gemm_int4_impl.h"
+
+namespace moe::gg {
+namespace {
+
+constexpr int kPrefetchBytes = 4096;
+
+inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// acc[r][0..64) += the groups' dequantised sums for rows a[0..MR) x one panel.
+template <int MR, bool kPrefetch>
+void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const int8_t* const* a,
+                 const int32_t* sa, float (*acc)[kPanel]) {
+  const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group_oct;
+  const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int64_t G = 0; G < ng; ++G) {
+    const int64_t o0 = G * go, o1 = std::min(n_oct, o0 + go);
+    for (int cb = 0; cb < kPanel / 8; ++cb) {
+      __m256i a32[MR];
+      for (int r = 0; r < MR; ++r) a32[r] = _mm256_setzero_si256();
+      for (int64_t o = o0; o < o1; o += 4) {
+        const int64_t oe = std::min(o1, o + 4);
+        __m256i a16[MR];
+        for (int r = 0; r < MR; ++r) a16[r] = _mm256_setzero_si256();
+        for (int64_t oo = o; oo < oe; ++oo) {
+          const uint8_t* bp = panel + oo * kI4OctetBytes;
+          if constexpr (kPrefetch) {
+            if (cb == 0) {
+              const char* pf = reinterpret_cast<const char*>(bp) + kPrefetchBytes;
+              _mm_prefetch(pf, _MM_HINT_T1);
+              _mm_prefetch(pf + 64, _MM_HINT_T1);
+              _mm_prefetch(pf + 128, _MM_HINT_T1);
+              _mm_prefetch(pf + 192, _MM_HINT_T1);
+            }
+          }
+          const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(bp + cb * 32));
+          const __m256i lo = _mm256_and_si256(w, m4);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+          for (int r = 0; r < MR; ++r) {
+            const int8_t* ar = a[r] + 8 * oo;
+            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(ar)),
+                                               _mm256_maddubs_epi16(hi, bcast4(ar + 4)));
+            a16[r] = _mm256_add_epi16(a16[r], p);
+          }
+        }
+        for (int r = 0; r < MR; ++r) a32[r] = _mm256_add_epi32(a32[r], _mm256_madd_epi16(a16[r], ones));
+      }
+      const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wz + G * kPanel + cb * 8)));
+      const __m256 s = _mm256_loadu_ps(ws + G * kPanel + cb * 8);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i isum = _mm256_sub_epi32(a32[r], _mm256_mullo_epi32(z, _mm256_set1_epi32(sa[r * ng + G])));
+        float* dst = acc[r] + cb * 8;
+        _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), _mm256_mul_ps(_mm256_cvtepi32_ps(isum), s)));
+      }
+    }
+  }
+}
+
+template <int MR, bool kPrefetch>
+void rows_block(const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
+  const int64_t per = j.gated ? kGateCols : kPanel, ng = j.i4_n_groups;
+  for (int64_t P = t.p0; P < t.p1; ++P) {
+    const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
+    const float* ws = j.w_scale + t.expert * j.q_stride + P * ng * kPanel;
+    const uint8_t* wz = j.i4_zero + t.expert * j.q_stride + P * ng * kPanel;
+    alignas(32) float acc[MR][kPanel] = {};
+    panel_block<MR, kPrefetch>(j, panel, ws, wz, a, sa, acc);
+    for (int r = 0; r < MR; ++r) {
+      float as;
+      std::memcpy(&as, reinterpret_cast<const char*>(a[r]) + j.a_scale_off, 4);
+      i4_epilogue_row(j, acc[r], as, j.c + (row0 + r) * j.ldc_bytes, P * per, valid_cols(j, P));
+    }
+  }
+}
+
+template <bool kPrefetch>
+void run_rows(int mr, const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
+  switch (mr) {
+    case 1: return rows_block<1, kPrefetch>(j, t, row0, a, sa);
+    case 2: return rows_block<2, kPrefetch>(j, t, row0, a, sa);
+    case 3: return rows_block<3, kPrefetch>(j, t, row0, a, sa);
+    default: return rows_block<4, kPrefetch>(j, t, row0, a, sa);
+  }
+}
+
+}  // namespace
+
+void run_task_avx2_i4(const Job& j, const Task& t) {
+  static_assert(kI4MaxRows == 4, "run_rows instantiates 1..4 rows");
+  const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0, ng = j.i4_n_groups;
+  // Group sums of up to 4 rows (a task's rows x groups; 4 x 7168 / 32 ints at most ~ 3.5 KiB).
+  thread_local std::vector<int32_t> sa;
+  sa.resize(static_cast<size_t>(kI4MaxRows * ng));
+  const bool decode = rows <= kDecodeMaxRows;
+  for (int64_t rb = 0; rb < rows; rb += kI4MaxRows) {
+    const int mr = static_cast<int>(std::min<int64_t>(kI4MaxRows, rows - rb));
+    const int8_t* a[kI4MaxRows];
+    for (int r = 0; r < mr; ++r) {
+      a[r] = reinterpret_cast<const int8_t*>(j.a + (r0 + rb + r) * j.lda_bytes);
+      i4_group_sums(a[r], j.k, j.i4_group_oct * 8, ng, sa.data() + r * ng);
+    }
+    if (decode) {
+      run_rows<true>(mr, j, t, r0 + rb, a, sa.data());
+    } else {
+      run_rows<false>(mr, j, t, r0 + rb, a, sa.data());
+    }
+  }
+}
+
+}  // namespace moe::gg
