@@ -127,12 +127,11 @@ int main(int argc, char** argv) {
   std::printf("cpu: %s, threads %d, dtype %s\n", cpu_summary().c_str(), nt, dtype_name(dt));
 
   const double bw_fresh = measure_read_bandwidth_gbs(size_t(1) << 30, nt);
-  const double pk_bf16 = measure_bf16_peak_gflops(nt);
-  const double pk_f32 = measure_f32_peak_gflops(nt);
-  const double pk_i8 = measure_int8_peak_gops(nt);
-  std::printf("probes: read %.1f GB/s (fresh 1 GiB), bf16 %.0f GFLOP/s, f32 %.0f GFLOP/s, int8 %.0f GOP/s\n", bw_fresh, pk_bf16,
-              pk_f32, pk_i8);
-  const double peak = dt == DType::BF16 ? pk_bf16 : pk_f32;
+  // The peak of the instructions this dtype's kernel runs at the active ISA (probes.h).
+  const PeakProbe probe = kernel_peak_probe(dt);
+  const double peak = measure_peak(probe, nt);
+  std::printf("probes: read %.1f GB/s (fresh 1 GiB, %s loads), peak: %s %.0f %s\n", bw_fresh, read_probe_loads(),
+              peak_probe_name(probe), peak, peak_probe_unit(probe));
 
   PackedExperts w13 = make_packed_experts(kE, 2 * kI, kH, dt, true);
   PackedExperts w2 = make_packed_experts(kE, kH, kI, dt, false);
@@ -220,7 +219,7 @@ int main(int argc, char** argv) {
     const double gf = median(fl);
     std::printf("%5lld %8.1f %9.3f %9.3f %9.3f %8.1f %9.1f %7.1f%% %7.1f%% %8.3f\n", static_cast<long long>(T),
                 experts / t_all.size(), median(t_all) * 1e3, median(t1s) * 1e3, median(t2s) * 1e3, median(gbs), gf,
-                100 * median(frac_bw), peak > 0 ? 100 * gf / peak : 0.0, median(floor_ms));
+                100 * median(frac_bw), 100 * gf / peak, median(floor_ms));
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 
+#include "core/cpu.h"
 #include "loader/checkpoint.h"
 #include "loader/moe_weights.h"
 #include "loader/safetensors.h"
@@ -150,6 +151,24 @@ TEST(BadInput, LayerOutOfRangeAndBadFlags) {
   EXPECT_EQ(test::run_command(std::string(MOE_EP_BINARY) + " layer --help", &log), 0);
   for (const char* flag : {"--model", "--layer", "--input", "--output", "--dtype", "--threads", "--isa"})
     EXPECT_NE(log.find(flag), std::string::npos) << flag;
+}
+
+// --isa and MOE_ISA above this CPU stop the run with the reason, instead of running a
+// lower level; a level the CPU has runs.
+TEST(BadInput, IsaAboveTheCpuFails) {
+  test::TempDir out;
+  const std::string cmd = std::string(MOE_EP_BINARY) + " layer --model " + test::fixtures_dir() +
+                          "/qwen3_moe --layer 0 --input " + input_of("qwen3_moe", 0, 7) + " --output " +
+                          (out / "y.safetensors");
+  std::string log;
+  EXPECT_EQ(test::run_command(cmd + " --isa " + isa_name(hardware_isa()), &log), 0) << log;
+  EXPECT_EQ(test::run_command("MOE_ISA=portable " + cmd, &log), 0) << log;
+  if (hardware_isa() == Isa::Avx512Bf16) GTEST_SKIP() << "this CPU has every level";
+  EXPECT_NE(test::run_command(cmd + " --isa avx512bf16", &log), 0);
+  EXPECT_NE(log.find("--isa avx512bf16: this CPU has no "), std::string::npos) << log;
+  EXPECT_NE(log.find("AVX512_BF16"), std::string::npos) << log;
+  EXPECT_NE(test::run_command("MOE_ISA=avx512bf16 " + cmd, &log), 0);
+  EXPECT_NE(log.find("MOE_ISA=avx512bf16: this CPU has no "), std::string::npos) << log;
 }
 
 TEST(BadInput, TruncatedCheckpoint) {

@@ -100,5 +100,37 @@ TEST(Cpu, IsaCapNeverRaisesAboveTheHardware) {
   EXPECT_FALSE(cpu_summary().empty());
 }
 
+// A user's request (--isa, MOE_ISA) above the CPU fails and names what is missing;
+// within the CPU it is the level asked for.
+TEST(Cpu, IsaRequestAboveTheHardwareFails) {
+  const Isa hw = hardware_isa();
+  EXPECT_EQ(parse_isa_request("native", "--isa"), hw);
+  for (Isa want : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
+    const std::string name = isa_name(want);
+    if (want <= hw) {
+      EXPECT_EQ(parse_isa_request(name, "--isa"), want);
+      continue;
+    }
+    try {
+      parse_isa_request(name, "--isa");
+      ADD_FAILURE() << "--isa " << name << " accepted on a CPU whose best level is " << isa_name(hw);
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("--isa " + name + ": this CPU has no "), std::string::npos) << m;
+      EXPECT_NE(m.find(std::string("best level: ") + isa_name(hw)), std::string::npos) << m;
+      if (want == Isa::Avx512Bf16) {
+        EXPECT_NE(m.find("AVX512_BF16"), std::string::npos) << m;
+      }
+    }
+    try {
+      parse_isa_request(name, "MOE_ISA");
+      ADD_FAILURE() << "MOE_ISA=" << name << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("MOE_ISA=" + name + ":"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(parse_isa_request("sse9", "--isa"), Error);
+}
+
 }  // namespace
 }  // namespace moe

@@ -4,6 +4,7 @@
 
 #include "core/cpu.h"
 #include <cstring>
+#include "kernels/routing.h"
 #include "moe/fused_moe.h"
 #include "moe/reference.h"
 #include "test_util.h"
@@ -174,6 +175,52 @@ TEST(GroupedGemmBatchInvariance, RowResultIndependentOfBatch) {
       }
     }
   set_isa_cap(Isa::Avx512Bf16);
+}
+
+// The expert load a layer counts from its own routing (count_routed, what generate and
+// serve report) equals an independent recount: router logits in double from the
+// unpacked gate, routed by route_reference, their ids counted.
+TEST(FusedMoeLoadCounts, EqualAnIndependentRecount) {
+  uint64_t seed = 500;
+  for (const LayerCase& c : layer_cases()) {
+    if (c.T == 0) continue;
+    seed += 100;
+    const MoeConfig cfg = config_of(c);
+    MoeLayer layer(cfg, random_layer(c, DType::F32, seed));
+    const Tensor gate = test::random_f32({c.E, c.H}, 1.f, seed);  // as random_layer packs it
+    const Tensor bias = c.routing.use_correction_bias ? test::random_f32({c.E}, 0.3f, seed + 999) : Tensor();
+    std::vector<int64_t> counts(c.E, 0), recount(c.E, 0);
+    layer.count_routed(counts.data());
+    for (uint64_t i = 0; i < 2; ++i) {
+      const Tensor x = test::random_f32({c.T, c.H}, 1.f, seed + 50 + i);
+      layer.forward(x);
+      std::vector<float> logits(c.T * c.E), w(c.T * c.k);
+      std::vector<int32_t> ids(c.T * c.k);
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t e = 0; e < c.E; ++e) {
+          double d = 0;
+          for (int64_t h = 0; h < c.H; ++h) d += double(x.data<float>()[t * c.H + h]) * gate.data<float>()[e * c.H + h];
+          logits[t * c.E + e] = static_cast<float>(d);
+        }
+      RoutingParams rp;
+      rp.cfg = c.routing;
+      rp.n_tokens = c.T;
+      rp.n_experts = c.E;
+      rp.top_k = c.k;
+      rp.logits = logits.data();
+      rp.correction_bias = bias.defined() ? bias.data<float>() : nullptr;
+      rp.weights = w.data();
+      rp.ids = ids.data();
+      route_reference(rp);
+      for (int32_t e : ids) ++recount[e];
+    }
+    layer.count_routed(nullptr);
+    layer.forward(test::random_f32({c.T, c.H}, 1.f, seed + 60));  // not counted any more
+    EXPECT_EQ(counts, recount) << "H=" << c.H << " E=" << c.E << " k=" << c.k << " T=" << c.T;
+    int64_t total = 0;
+    for (int64_t n : counts) total += n;
+    EXPECT_EQ(total, 2 * c.T * c.k);
+  }
 }
 
 }  // namespace

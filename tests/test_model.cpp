@@ -125,6 +125,43 @@ TEST(ModelBatching, BatchOfThreeEqualsEachPromptAlone) {
   }
 }
 
+// generate's expert load (--output-json expert_load, /metrics) counts every token the
+// model ran through each MoE layer: the same counts as prefilling each prompt with the
+// tokens it was fed (all generated tokens but the last) in a fresh model, and k per
+// token per layer.
+TEST(ModelExpertLoad, GenerateCountsEqualARecountOfTheFedTokens) {
+  for (const ModelFixture& f : test::model_fixtures()) {
+    ModelOptions o;
+    o.n_slots = 3;
+    o.max_seq = 32;
+    o.count_experts = true;
+    auto m = Model::load(f.dir, o);
+    GenerateOptions go;
+    go.max_new_tokens = 5;
+    go.ignore_eos = true;
+    const GenerateResult r = generate(*m, f.prompts, go);
+    auto fresh = Model::load(f.dir, o);
+    int64_t fed = 0;
+    for (size_t i = 0; i < f.prompts.size(); ++i) {
+      std::vector<int32_t> seq = f.prompts[i];
+      seq.insert(seq.end(), r.tokens[i].begin(), r.tokens[i].end() - 1);
+      fed += static_cast<int64_t>(seq.size());
+      prefill_logits(*fresh, {seq});
+    }
+    ASSERT_EQ(r.expert_load.size(), fresh->expert_load().size());
+    int64_t moe_layers = 0;
+    for (size_t l = 0; l < r.expert_load.size(); ++l) {
+      EXPECT_EQ(r.expert_load[l], fresh->expert_load()[l]) << f.name << " layer " << l;
+      if (r.expert_load[l].empty()) continue;
+      ++moe_layers;
+      int64_t total = 0;
+      for (int64_t n : r.expert_load[l]) total += n;
+      EXPECT_EQ(total, fed * m->config().moe.top_k) << f.name << " layer " << l;
+    }
+    EXPECT_GT(moe_layers, 0) << f.name;
+  }
+}
+
 // ---- bad input ----------------------------------------------------------------------
 
 std::string error_of(const std::function<void()>& fn) {

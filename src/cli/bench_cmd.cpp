@@ -103,13 +103,13 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
   };
   const double bw_weights = weights_bw();
   const double bw = std::min(bw_probe, bw_weights);
-  // FP8 weights are dequantised to bf16 and multiplied on the bf16 units: the bf16 peak.
-  const double peak = dtype == DType::BF16 || dtype == DType::F8E4M3 ? measure_bf16_peak_gflops(threads)
-                      : dtype == DType::I8 ? measure_int8_peak_gops(threads)
-                                           : measure_f32_peak_gflops(threads);
+  // The peak of the instructions this dtype's kernel runs at the active ISA level
+  // (kernels/probes.h, kernel_peak_probe): e.g. bf16 on AVX2 widens to f32 and FMAs.
+  const PeakProbe probe = kernel_peak_probe(dtype);
+  const double peak = measure_peak(probe, threads);
   fmt::print("  limits: read bandwidth {:.1f} GB/s (512 MB probe buffer {:.1f}, the weights themselves {:.1f}), "
-             "{} peak {:.0f} {}\n\n",
-             bw, bw_probe, bw_weights, dtype_str, peak, dtype == DType::I8 ? "GOP/s" : "GFLOP/s");
+             "peak: {} {:.0f} {}\n\n",
+             bw, bw_probe, bw_weights, peak_probe_name(probe), peak, peak_probe_unit(probe));
 
   fmt::print("{:>7} {:>10} {:>11} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8}  {}\n", "tokens", "ms/call", "tokens/s",
              "experts", "GB/s", "frac_bw", "GFLOP/s", "frac_pk", "calls", "check");
@@ -162,7 +162,7 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
     // uses the best of the start-up probe and two reads of the weights taken right
     // before and after the row's timing: a conservative (high) limit.
     const double bw_row = std::max({bw, bw_before, weights_bw()});
-    const double frac_bw = bw_row > 0 ? gbps / bw_row : 0, frac_peak = peak > 0 ? gflops / peak : 0;
+    const double frac_bw = gbps / bw_row, frac_peak = gflops / peak;  // both limits > 0 (probes.h)
     fmt::print("{:>7} {:>10.3f} {:>11.1f} {:>9.1f} {:>9.1f} {:>8.2f} {:>9.1f} {:>8.2f} {:>8}  {}\n", T, t_med * 1e3,
                T / t_med, experts_avg, gbps, frac_bw, gflops, frac_peak, times.size(), check);
     records.push_back({{"tokens", T},
@@ -179,12 +179,22 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
                        {"dtype", dtype_str},
                        {"threads", threads},
                        {"read_bw_gbs", bw},
-                       {"peak_gflops", peak}});
+                       {"peak_gflops", peak},
+                       {"peak_name", peak_probe_name(probe)},
+                       {"peak_unit", peak_probe_unit(probe)}});
   }
-  fmt::print("\nfrac_bw: touched weight bytes per second / measured read bandwidth, the lower of the two probes\n"
-             "(1.0 = the DRAM floor: bytes of the touched experts' weights / bandwidth).\n"
-             "frac_pk: GFLOP/s / measured {} dot-product peak{}.\n\n", dtype_str,
-             dtype == DType::I8 ? " (int8: GOP/s, 1 multiply-add = 2 ops, against the vpdpbusd peak)" : "");
+  fmt::print(
+      "\nfrac_bw = weight GB/s / read bandwidth, i.e. the DRAM floor (bytes of the weights a call touches / read "
+      "bandwidth)\nover ms/call. Bytes touched: W13 + W2 of the distinct routed experts the call's tokens chose "
+      "(counted from\nthe routing of each timed call){}, the f32 router and the shared experts. Read bandwidth of a "
+      "row: the highest of\nmin(512 MB probe buffer, the packed W13 + W2 themselves) read at start-up and the packed "
+      "W13 + W2 read again\nright before and right after the row; every read streams the whole buffer once with "
+      "{} loads on {} threads,\nbest of 5.\n"
+      "frac_pk = {} / peak {}: {} on {} threads, operands in\nregisters (or L1), best of 3, measured at start-up ({} kernel at "
+      "{}). {} = 2 x multiply-adds (routed k x 3HI, router EH, shared 3HS per token).\n\n",
+      dtype == DType::F8E4M3 ? " + their fp8 block scales" : "", read_probe_loads(), threads,
+      dtype == DType::I8 ? "GOP/s" : "GFLOP/s", peak_probe_name(probe), peak_probe_what(probe), threads, dtype_str,
+      isa_name(active_isa()), dtype == DType::I8 ? "GOP" : "GFLOP");
   if (!all_ok) fmt::print(stderr, "moe-ep bench: the {} output check FAILED; its timings are not valid\n", dtype_str);
   return all_ok;
 }

@@ -467,12 +467,15 @@ int run_bench_model(const BenchModelOptions& o) {
   world.barrier();
   const double bw = measure_read_bandwidth_gbs(size_t(512) << 20, threads);
   const double bw_min = -max_over_ranks(world, -bw);
-  const double peak = dtype == DType::BF16 ? measure_bf16_peak_gflops(threads) : measure_f32_peak_gflops(threads);
+  // The peak of the --dtype kernels (attention, lm_head, shared experts; the routed
+  // experts too unless --quantize w8a8) at the active ISA level (kernels/probes.h).
+  const PeakProbe probe = kernel_peak_probe(dtype);
+  const double peak = measure_peak(probe, threads);
   const double peak_sum = -max_over_ranks(world, -peak) * R;  // the job's compute peak
   if (root)
-    fmt::print("  limits: read bandwidth {:.1f} GB/s per rank ({} rank(s) probing at once), {} peak {:.0f} GFLOP/s "
+    fmt::print("  limits: read bandwidth {:.1f} GB/s per rank ({} rank(s) probing at once), peak: {} {:.0f} {} "
                "(all ranks)\n\n",
-               bw_min, R, o.dtype, peak_sum);
+               bw_min, R, peak_probe_name(probe), peak_sum, peak_probe_unit(probe));
 
   nlohmann::json rec;
   rec["shape"] = o.shape;
@@ -486,6 +489,7 @@ int run_bench_model(const BenchModelOptions& o) {
   rec["threads_per_rank"] = threads;
   rec["read_bw_gbs_per_rank"] = bw_min;
   rec["peak_gflops"] = peak_sum;
+  rec["peak_name"] = peak_probe_name(probe);
   rec["check"] = {{"moe_layer", moe_check}, {"model", model_check}};
 
   // ---- prefill: one prompt of --prefill tokens ----
@@ -543,8 +547,13 @@ int run_bench_model(const BenchModelOptions& o) {
   if (root) {
     fmt::print(
         "\nThe floor of a decode step: the bytes it must read on the slowest rank (attention + router + norms, the "
-        "experts its\ntokens touched on that rank, K/V of the context (f32 cache), lm_head) / that rank's measured "
-        "read bandwidth.\n");
+        "experts its\ntokens touched on that rank (counted from the routing of an untimed pass of the same steps), "
+        "K/V of the context\n(f32 cache), lm_head + the embedding rows) / that rank's read bandwidth, measured once "
+        "before prefill: a 512 MB\nbuffer read once with {} loads on {} threads per rank, all ranks at once, best of "
+        "5.\nPrefill % of peak: 2 x multiply-adds (linear layers, causal QK^T and PV) per second / peak {} = {} on "
+        "{} threads\nper rank, operands in registers (or L1), best of 3, summed over the ranks ({} kernels at {}{}).\n",
+        read_probe_loads(), threads, peak_probe_name(probe), peak_probe_what(probe), threads, o.dtype,
+        isa_name(active_isa()), o.quantize == "w8a8" ? "; the W8A8 routed experts run int8 instructions" : "");
     if (!o.json_path.empty()) {
       std::ofstream out(o.json_path);
       MOE_CHECK(out.good(), "cannot write --json file {}", o.json_path);

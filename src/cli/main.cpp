@@ -23,13 +23,17 @@ void add_global(CLI::App* cmd, GlobalOptions& g) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--isa", g.isa,
                   "Cap the instruction set the kernels use: portable, avx2, avx512 or avx512bf16 "
-                  "(default: the best this CPU has; the MOE_ISA environment variable does the same)")
+                  "(default: the best this CPU has; the MOE_ISA environment variable does the same). A level this CPU "
+                  "does not have is an error")
       ->check(CLI::IsMember({"portable", "avx2", "avx512", "avx512bf16"}));
 }
 
 void apply_global(const GlobalOptions& g) {
   moe::set_num_threads(g.threads);
-  if (!g.isa.empty()) moe::set_isa_cap(moe::parse_isa(g.isa));
+  // Both requests fail here, before any work, when this CPU lacks the level:
+  // MOE_ISA is read by the first active_isa(), --isa is checked against the hardware.
+  (void)moe::active_isa();
+  if (!g.isa.empty()) moe::set_isa_cap(moe::parse_isa_request(g.isa, "--isa"));
 }
 
 // Prints the error; with other ranks alive, stops them too (they would otherwise

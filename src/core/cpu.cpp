@@ -43,7 +43,7 @@ CpuFeatures detect() {
   return f;
 }
 
-Isa detected_isa() {
+Isa detect_isa() {
   const CpuFeatures& f = cpu_features();
   const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma;
   if (avx512 && f.avx512_bf16) return Isa::Avx512Bf16;
@@ -52,9 +52,33 @@ Isa detected_isa() {
   return Isa::Portable;
 }
 
+// MOE_ISA is a user's request like --isa: a level above the CPU is an error. The CLI
+// calls active_isa() before any work, so the error comes at start-up.
 Isa env_cap() {
   const char* e = std::getenv("MOE_ISA");
-  return e && *e ? parse_isa(e) : Isa::Avx512Bf16;
+  return e && *e ? parse_isa_request(e, "MOE_ISA") : Isa::Avx512Bf16;
+}
+
+// Upper-case names of the features `want` needs that this CPU lacks.
+std::string missing_features(Isa want) {
+  const CpuFeatures& f = cpu_features();
+  std::string s;
+  auto need = [&](bool on, const char* name) {
+    if (!on) s += std::string(s.empty() ? "" : ", ") + name;
+  };
+  if (want >= Isa::Avx2) {
+    need(f.avx2, "AVX2");
+    need(f.fma, "FMA");
+    need(f.f16c, "F16C");
+  }
+  if (want >= Isa::Avx512) {
+    need(f.avx512f, "AVX512F");
+    need(f.avx512bw, "AVX512BW");
+    need(f.avx512vl, "AVX512VL");
+    need(f.avx512dq, "AVX512DQ");
+  }
+  if (want >= Isa::Avx512Bf16) need(f.avx512_bf16, "AVX512_BF16");
+  return s;
 }
 
 std::atomic<int> g_cap{-1};
@@ -66,12 +90,26 @@ const CpuFeatures& cpu_features() {
   return f;
 }
 
+Isa hardware_isa() {
+  static const Isa hw = detect_isa();
+  return hw;
+}
+
 Isa parse_isa(const std::string& s) {
   if (s == "portable") return Isa::Portable;
   if (s == "avx2") return Isa::Avx2;
   if (s == "avx512") return Isa::Avx512;
   if (s == "avx512bf16" || s == "native") return Isa::Avx512Bf16;
   MOE_FAIL("unknown ISA '{}': expected portable, avx2, avx512 or avx512bf16", s);
+}
+
+Isa parse_isa_request(const std::string& name, const std::string& source) {
+  const Isa hw = hardware_isa();
+  if (name == "native") return hw;
+  const Isa want = parse_isa(name);
+  MOE_CHECK(want <= hw, "{}{}{}: this CPU has no {} (it has: {}; best level: {})", source,
+            source.rfind("--", 0) == 0 ? " " : "=", name, missing_features(want), cpu_features_str(), isa_name(hw));
+  return want;
 }
 
 const char* isa_name(Isa isa) {
@@ -92,11 +130,10 @@ Isa active_isa() {
     static const Isa from_env = env_cap();
     cap = static_cast<int>(from_env);
   }
-  const Isa hw = detected_isa();
-  return static_cast<Isa>(std::min(cap, static_cast<int>(hw)));
+  return static_cast<Isa>(std::min(cap, static_cast<int>(hardware_isa())));
 }
 
-std::string cpu_summary() {
+std::string cpu_features_str() {
   const CpuFeatures& f = cpu_features();
   std::string s;
   auto add = [&](bool on, const char* name) {
@@ -111,7 +148,9 @@ std::string cpu_summary() {
   add(f.avx512dq, "avx512dq");
   add(f.avx512_bf16, "avx512_bf16");
   add(f.avx512_vnni, "avx512_vnni");
-  return (s.empty() ? std::string("baseline x86-64") : s) + " (active: " + isa_name(active_isa()) + ")";
+  return s.empty() ? std::string("baseline x86-64") : s;
 }
+
+std::string cpu_summary() { return cpu_features_str() + " (active: " + isa_name(active_isa()) + ")"; }
 
 }  // namespace moe

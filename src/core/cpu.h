@@ -2,8 +2,9 @@
 //
 // The binary is compiled for baseline x86-64 plus per-function AVX2/AVX-512
 // targets (see kernels/*), so one build runs on any x86-64 and picks the best
-// kernel at run time. MOE_ISA=portable|avx2|avx512|avx512bf16 forces a lower
-// level (tests use it to run every path on one machine).
+// kernel at run time. MOE_ISA=portable|avx2|avx512|avx512bf16 (or --isa) forces a
+// lower level; asking for a level this CPU lacks is an error (parse_isa_request),
+// never a silent run at a lower one.
 #pragma once
 
 #include <string>
@@ -28,10 +29,20 @@ enum class Isa { Portable, Avx2, Avx512, Avx512Bf16 };
 const CpuFeatures& cpu_features();
 // The best ISA level usable now: detected features, capped by MOE_ISA or set_isa_cap().
 Isa active_isa();
-// Caps the ISA level (for tests and `--isa`); never raises it above what the CPU has.
+// The best level this CPU and OS support, ignoring caps.
+Isa hardware_isa();
+// Caps the ISA level; never raises it above what the CPU has (a cap above is clamped:
+// tests set caps in a loop over every level, see tests/test_isa.h). A user's request
+// goes through parse_isa_request first.
 void set_isa_cap(Isa cap);
-Isa parse_isa(const std::string& name);
+Isa parse_isa(const std::string& name);  // "portable", "avx2", "avx512", "avx512bf16" ("native": the top)
+// A user's request for a level (`source` names where it came from: "--isa" or
+// "MOE_ISA"): the level, or a clear error naming the missing features when this CPU
+// does not have it, e.g. "--isa avx512bf16: this CPU has no AVX512F, ..., AVX512_BF16
+// (it has: avx2 fma f16c; best level: avx2)". "native" is the best level of this CPU.
+Isa parse_isa_request(const std::string& name, const std::string& source);
 const char* isa_name(Isa isa);
-std::string cpu_summary();  // "avx2 fma avx512f ... (active: avx512bf16)"
+std::string cpu_features_str();  // "avx2 fma avx512f ..." ("baseline x86-64" if none)
+std::string cpu_summary();       // cpu_features_str() + " (active: avx512bf16)"
 
 }  // namespace moe

@@ -1,5 +1,6 @@
 #include "kernels/probes.h"
 
+#include <fmt/core.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/check.h"
 #include "core/cpu.h"
 #include "core/tensor.h"
 #include "core/threads.h"
@@ -56,6 +58,22 @@ double f32_portable_chain(int64_t iters) {
   return static_cast<double>(s[0] + s[1] + s[2] + s[3]);
 }
 
+// Register-resident scalar int32 multiply + add chains (the portable int8 kernel's
+// arithmetic). Unsigned: wrap-around is defined.
+constexpr int kI32Chains = 12;
+double i32_portable_chain(int64_t iters) {
+  uint32_t acc[kI32Chains];
+  for (int i = 0; i < kI32Chains; ++i) acc[i] = 1u + static_cast<uint32_t>(i);
+  uint32_t m = 3, a = 7;
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < kI32Chains; ++i) acc[i] = acc[i] * m + a;
+    __asm__ volatile("" : "+r"(m));
+  }
+  uint32_t s = 0;
+  for (int i = 0; i < kI32Chains; ++i) s += acc[i];
+  return static_cast<double>(s);
+}
+
 // Runs chain(iters) on `nt` threads; returns the best ops/s over reps, given ops per iter per thread.
 template <class F>
 double peak_of(int nt, double ops_per_iter, F chain) {
@@ -96,7 +114,7 @@ double measure_read_bandwidth_gbs_of(const void* data, size_t bytes, int threads
   const size_t chunk = (usable / nt) / 256 * 256;
   MOE_CHECK(chunk > 0, "measure_read_bandwidth: buffer of {} bytes too small for {} threads", bytes, nt);
   const char* base = reinterpret_cast<const char*>(b);
-  const bool avx512 = active_isa() >= Isa::Avx512;
+  const Isa isa = active_isa();
   double best = 0;
   uint64_t sink = 0;
   for (int rep = 0; rep < 5; ++rep) {
@@ -106,7 +124,9 @@ double measure_read_bandwidth_gbs_of(const void* data, size_t bytes, int threads
       const char* my = base + static_cast<size_t>(omp_get_thread_num()) * chunk;
 #pragma omp barrier
       const double t0 = now_s();
-      sink ^= avx512 ? probes::read_sum_avx512(my, chunk) : read_sum_portable(my, chunk);
+      sink ^= isa >= Isa::Avx512 ? probes::read_sum_avx512(my, chunk)
+              : isa >= Isa::Avx2 ? probes::read_sum_avx2(my, chunk)
+                                 : read_sum_portable(my, chunk);
       const double dt = now_s() - t0;
 #pragma omp critical
       t_max = std::max(t_max, dt);
@@ -133,20 +153,103 @@ double measure_read_bandwidth_gbs(size_t bytes, int threads) {
   return measure_read_bandwidth_gbs_of(base, chunk * nt, nt);
 }
 
-double measure_bf16_peak_gflops(int threads) {
-  if (!cpu_features().avx512_bf16 || active_isa() < Isa::Avx512Bf16) return 0;
-  return peak_of(resolve_threads(threads), probes::kChains * 64.0, probes::bf16_chain) / 1e9;
+const char* peak_probe_name(PeakProbe p) {
+  switch (p) {
+    case PeakProbe::F32Sse: return "portable-sse-f32";
+    case PeakProbe::F32Avx2Fma: return "avx2-fma-f32";
+    case PeakProbe::F32Avx512Fma: return "avx512-fma-f32";
+    case PeakProbe::Bf16Avx512Dp: return "avx512-dpbf16";
+    case PeakProbe::I32Scalar: return "portable-int32";
+    case PeakProbe::I8Avx2Madd: return "avx2-maddubs-int8";
+    case PeakProbe::I8Avx512Vnni: return "avx512-vnni-int8";
+  }
+  return "?";
 }
 
-double measure_f32_peak_gflops(int threads) {
+const char* peak_probe_unit(PeakProbe p) {
+  return p == PeakProbe::I32Scalar || p == PeakProbe::I8Avx2Madd || p == PeakProbe::I8Avx512Vnni ? "GOP/s"
+                                                                                                   : "GFLOP/s";
+}
+
+std::string peak_probe_what(PeakProbe p) {
+  switch (p) {
+    case PeakProbe::F32Sse: return "12 independent chains of SSE mulps + addps (8 flops each)";
+    case PeakProbe::F32Avx2Fma:
+      return fmt::format("{} independent chains of vfmadd ymm (16 flops each)", probes::kAvx2Chains);
+    case PeakProbe::F32Avx512Fma:
+      return fmt::format("{} independent chains of vfmadd zmm (32 flops each)", probes::kChains);
+    case PeakProbe::Bf16Avx512Dp:
+      return fmt::format("{} independent chains of vdpbf16ps zmm (64 flops each)", probes::kChains);
+    case PeakProbe::I32Scalar: return fmt::format("{} independent chains of int32 multiply + add", kI32Chains);
+    case PeakProbe::I8Avx2Madd:
+      return fmt::format("{} independent chains of vmovdqu (L1) + vpsignb + vpmaddubsw + vpmaddwd + vpaddd ymm "
+                         "(32 int8 multiply-adds = 64 ops each)",
+                         probes::kInt8Chains);
+    case PeakProbe::I8Avx512Vnni:
+      return fmt::format("{} independent chains of vpdpbusd zmm (128 ops each)", probes::kChains);
+  }
+  return "?";
+}
+
+const char* read_probe_loads() {
+  const Isa isa = active_isa();
+  return isa >= Isa::Avx512 ? "zmm" : isa >= Isa::Avx2 ? "ymm" : "16-byte";
+}
+
+bool peak_probe_available(PeakProbe p) {
+  const Isa isa = active_isa();
+  switch (p) {
+    case PeakProbe::F32Sse:
+    case PeakProbe::I32Scalar: return true;
+    case PeakProbe::F32Avx2Fma:
+    case PeakProbe::I8Avx2Madd: return isa >= Isa::Avx2;
+    case PeakProbe::F32Avx512Fma: return isa >= Isa::Avx512;
+    case PeakProbe::Bf16Avx512Dp: return isa >= Isa::Avx512Bf16;
+    case PeakProbe::I8Avx512Vnni: return isa >= Isa::Avx512 && cpu_features().avx512_vnni;
+  }
+  return false;
+}
+
+PeakProbe kernel_peak_probe(DType weights) {
+  const Isa isa = active_isa();
+  const PeakProbe f32 = isa >= Isa::Avx512 ? PeakProbe::F32Avx512Fma
+                        : isa >= Isa::Avx2 ? PeakProbe::F32Avx2Fma
+                                           : PeakProbe::F32Sse;
+  switch (weights) {
+    case DType::F32: return f32;
+    case DType::BF16:
+    case DType::F8E4M3:
+    case DType::F8E5M2: return isa >= Isa::Avx512Bf16 ? PeakProbe::Bf16Avx512Dp : f32;
+    case DType::I8:
+      if (peak_probe_available(PeakProbe::I8Avx512Vnni)) return PeakProbe::I8Avx512Vnni;
+      return isa >= Isa::Avx2 ? PeakProbe::I8Avx2Madd : PeakProbe::I32Scalar;
+    default: break;
+  }
+  MOE_FAIL("no compute peak probe for {} weights (expected f32, bf16, fp8 or int8)", dtype_name(weights));
+}
+
+double measure_peak(PeakProbe p, int threads) {
+  MOE_CHECK(peak_probe_available(p), "peak probe {} needs instructions this CPU or the active ISA level ({}) lacks",
+            peak_probe_name(p), isa_name(active_isa()));
   const int nt = resolve_threads(threads);
-  if (active_isa() >= Isa::Avx512) return peak_of(nt, probes::kChains * 32.0, probes::f32_chain_avx512) / 1e9;
-  return peak_of(nt, 12 * 8.0, f32_portable_chain) / 1e9;  // 4 lanes x (mul + add)
-}
-
-double measure_int8_peak_gops(int threads) {
-  if (!cpu_features().avx512_vnni || active_isa() < Isa::Avx512) return 0;
-  return peak_of(resolve_threads(threads), probes::kChains * 128.0, probes::int8_chain) / 1e9;
+  double ops = 0;
+  switch (p) {
+    case PeakProbe::F32Sse: ops = peak_of(nt, 12 * 8.0, f32_portable_chain); break;  // 4 lanes x (mul + add)
+    case PeakProbe::F32Avx2Fma: ops = peak_of(nt, probes::kAvx2Chains * 16.0, probes::f32_chain_avx2); break;
+    case PeakProbe::F32Avx512Fma: ops = peak_of(nt, probes::kChains * 32.0, probes::f32_chain_avx512); break;
+    case PeakProbe::Bf16Avx512Dp: ops = peak_of(nt, probes::kChains * 64.0, probes::bf16_chain); break;
+    case PeakProbe::I32Scalar: ops = peak_of(nt, kI32Chains * 2.0, i32_portable_chain); break;
+    case PeakProbe::I8Avx2Madd: {
+      // Small weights (|w| <= 7): vpmaddubsw's s16 pair sums never saturate.
+      alignas(64) char w[probes::kInt8Chains * 32];
+      for (size_t i = 0; i < sizeof w; ++i) w[i] = static_cast<char>(static_cast<int>(i % 15) - 7);
+      ops = peak_of(nt, probes::kInt8Chains * 64.0, [&](int64_t iters) { return probes::int8_chain_avx2(iters, w); });
+      break;
+    }
+    case PeakProbe::I8Avx512Vnni: ops = peak_of(nt, probes::kChains * 128.0, probes::int8_chain); break;
+  }
+  MOE_CHECK(ops > 0, "internal: peak probe {} measured {} ops/s", peak_probe_name(p), ops);
+  return ops / 1e9;
 }
 
 }  // namespace moe

@@ -170,15 +170,26 @@ void Model::mlp(DecoderLayer& L, int64_t l, const Tensor& x, float* y) {
     run_gated_mlp(*L.dense, x, y, mlp_s_);
     return;
   }
-  if (opt_.count_experts && T > 0) {
+  MoeLayer& local = L.moe ? *L.moe : L.ep_moe->local();
+  // Expert load (count_experts) is counted from the routing the layer runs anyway when
+  // that routing covers exactly this rank's x: one rank, own tokens (DP attention), or
+  // allreduce (every rank routes all of x). forward_replicated with another strategy
+  // routes only this rank's share of the rows (sequence parallel), so there x is
+  // routed once more to count its tokens as before.
+  const bool routes_all_x = L.moe || opt_.par.dp > 1 || world_size() == 1 ||
+                            L.ep_moe->options().comm == MoeComm::AllReduce;
+  const bool count = opt_.count_experts && T > 0;
+  if (count && !routes_all_x) {
     Routing r;
-    (L.moe ? *L.moe : L.ep_moe->local()).route(x, r);
+    local.route(x, r);
     for (int32_t e : r.ids) ++expert_load_[l][e];
   }
+  local.count_routed(count && routes_all_x ? expert_load_[l].data() : nullptr);
   Tensor out;
   if (L.moe) out = L.moe->forward(x);
   else if (opt_.par.dp > 1) out = L.ep_moe->forward(x);  // own tokens (DP attention)
   else out = L.ep_moe->forward_replicated(x);             // same tokens on every rank
+  local.count_routed(nullptr);
   if (T > 0) std::memcpy(y, out.data<float>(), T * H * sizeof(float));
 }
 

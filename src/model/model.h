@@ -59,7 +59,9 @@ struct ModelOptions {
   Communicator* world = nullptr;  // nullptr or size 1: one rank; must outlive the model
   ParallelConfig par;
   EpOptions ep;
-  bool count_experts = false;  // keep per-layer expert load counts (costs one extra gate)
+  // Keep per-layer expert load counts, from the layers' own routing (no extra router
+  // GEMM, except under --ep with replicated attention and a sequence-parallel strategy).
+  bool count_experts = false;
   // When set, MoE layers take their weights from this instead of the checkpoint (which
   // then needs no MLP tensors for them): generated models (`moe-ep bench-model`). Gets
   // the layer and the loader options Model::load would use (experts [expert_begin,

@@ -222,6 +222,8 @@ void MoeLayer::route(const Tensor& x, Routing& r) {
     rp.weights = r.weights.data();
     rp.ids = r.ids.data();
     moe::route(rp);
+    if (load_counts_)
+      for (const int32_t e : r.ids) ++load_counts_[e];
   }
   gen_idx(r.ids.data(), T, k, E, r.index);
 }

@@ -106,8 +106,13 @@ class MoeLayer {
   // (expert e's smooth vector and static scale, if any).
   void quantize_for_expert(const void* x, DType dtype, int64_t e, void* dst) const;
 
-  // Gate + routing + gen_idx for x [T, H] (f32 or bf16).
+  // Gate + routing + gen_idx for x [T, H] (f32 or bf16). Adds the routed experts to the
+  // counts of count_routed(), if set.
   void route(const Tensor& x, Routing& r);
+  // From now on every route() adds each (token, slot)'s expert to counts[E] (nullptr:
+  // stop). Expert load statistics (Model::expert_load) come from the routing the layer
+  // runs anyway instead of a second router GEMM. counts must outlive the setting.
+  void count_routed(int64_t* counts) { load_counts_ = counts; }
   // y[T, H] f32 = sum, in slot order, of weight * expert output over the slots of r
   // whose expert this layer holds (a ragged gather: only those rows are computed).
   // x [T, H] holds the tokens r was computed for (f32, bf16 or f16).
@@ -131,6 +136,7 @@ class MoeLayer {
   MoeScratch shared_scratch_;  // the shared experts' own, see shared_experts()
   bool smooth_uniform_ = true;
   Tensor shared_tmp_;          // [T, H] f32
+  int64_t* load_counts_ = nullptr;  // [E], see count_routed()
 };
 
 }  // namespace moe

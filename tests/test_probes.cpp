@@ -1,0 +1,98 @@
+// The machine-limit probes (kernels/probes.h): every dtype's kernel has a peak probe
+// that runs on every ISA level this CPU has and measures > 0, the probe matches the
+// instructions the kernel runs, and the AVX2 FMA peak relates to the SSE one as the
+// register widths and FMA say it must.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "core/cpu.h"
+#include "kernels/probes.h"
+#include "test_isa.h"
+
+namespace moe {
+namespace {
+
+using test::IsaScope;
+
+// Two measurements, the higher: the machine is shared, a preempted run only reads low.
+double peak_of(PeakProbe p) { return std::max(measure_peak(p, 1), measure_peak(p, 1)); }
+
+TEST(Probes, EveryKernelPeakIsPositiveOnEveryIsa) {
+  for (Isa isa : test::available_isas()) {
+    IsaScope s(isa);
+    for (DType dt : {DType::F32, DType::BF16, DType::F8E4M3, DType::I8}) {
+      const PeakProbe p = kernel_peak_probe(dt);
+      EXPECT_TRUE(peak_probe_available(p)) << isa_name(isa) << " " << dtype_name(dt);
+      const double v = measure_peak(p, 1);
+      std::printf("[ probes ] %-10s %-6s %-18s %8.1f %s\n", isa_name(isa), dtype_name(dt), peak_probe_name(p), v,
+                  peak_probe_unit(p));
+      EXPECT_GT(v, 0) << peak_probe_name(p);
+    }
+    EXPECT_GT(measure_read_bandwidth_gbs(size_t(64) << 20, 1), 0) << isa_name(isa);
+  }
+}
+
+TEST(Probes, ProbeIsTheKernelsInstructions) {
+  {
+    IsaScope s(Isa::Portable);
+    EXPECT_EQ(kernel_peak_probe(DType::F32), PeakProbe::F32Sse);
+    EXPECT_EQ(kernel_peak_probe(DType::BF16), PeakProbe::F32Sse);
+    EXPECT_EQ(kernel_peak_probe(DType::I8), PeakProbe::I32Scalar);
+    EXPECT_STREQ(read_probe_loads(), "16-byte");
+  }
+  if (hardware_isa() >= Isa::Avx2) {
+    IsaScope s(Isa::Avx2);
+    EXPECT_EQ(kernel_peak_probe(DType::F32), PeakProbe::F32Avx2Fma);
+    EXPECT_EQ(kernel_peak_probe(DType::BF16), PeakProbe::F32Avx2Fma);    // widened to f32, FMA
+    EXPECT_EQ(kernel_peak_probe(DType::F8E4M3), PeakProbe::F32Avx2Fma);  // dequantised to bf16
+    EXPECT_EQ(kernel_peak_probe(DType::I8), PeakProbe::I8Avx2Madd);
+    EXPECT_STREQ(peak_probe_name(PeakProbe::F32Avx2Fma), "avx2-fma-f32");
+    EXPECT_STREQ(peak_probe_unit(PeakProbe::I8Avx2Madd), "GOP/s");
+    EXPECT_STREQ(read_probe_loads(), "ymm");
+  }
+  if (hardware_isa() >= Isa::Avx512) {
+    IsaScope s(Isa::Avx512);
+    EXPECT_EQ(kernel_peak_probe(DType::BF16), PeakProbe::F32Avx512Fma);  // no BF16: emulated
+    EXPECT_EQ(kernel_peak_probe(DType::I8),
+              cpu_features().avx512_vnni ? PeakProbe::I8Avx512Vnni : PeakProbe::I8Avx2Madd);
+  }
+  if (hardware_isa() >= Isa::Avx512Bf16) {
+    IsaScope s(Isa::Avx512Bf16);
+    EXPECT_EQ(kernel_peak_probe(DType::BF16), PeakProbe::Bf16Avx512Dp);
+  }
+  EXPECT_THROW(kernel_peak_probe(DType::I64), Error);
+}
+
+TEST(Probes, UnavailableProbeFailsInsteadOfZero) {
+  IsaScope s(Isa::Portable);
+  for (PeakProbe p : {PeakProbe::F32Avx2Fma, PeakProbe::I8Avx2Madd, PeakProbe::F32Avx512Fma, PeakProbe::Bf16Avx512Dp,
+                      PeakProbe::I8Avx512Vnni}) {
+    EXPECT_FALSE(peak_probe_available(p)) << peak_probe_name(p);
+    EXPECT_THROW(measure_peak(p, 1), Error) << peak_probe_name(p);
+  }
+}
+
+// Frequency-independent expectation: an SSE mulps + addps pair does 8 flops and every
+// x86 core with FMA issues 2 FMAs per cycle (Zen 3, Skylake and later), so ymm FMA does
+// 32 flops/cycle against at most 16 for SSE mul+add (2 mul + 2 add pipes): about 2x;
+// at least 1.2x even when the machine is shared, at most 4x (ymm doubles the lanes, FMA
+// at most doubles the ops per instruction pair).
+TEST(Probes, Avx2FmaPeakAboveSseChain) {
+  if (hardware_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  IsaScope s(Isa::Avx2);
+  const double sse = peak_of(PeakProbe::F32Sse), fma = peak_of(PeakProbe::F32Avx2Fma);
+  const double i8 = peak_of(PeakProbe::I8Avx2Madd);
+  std::printf("[ probes ] 1 thread: sse mul+add %.1f GFLOP/s, avx2 fma %.1f GFLOP/s (%.2fx), avx2 int8 madd %.1f GOP/s\n",
+              sse, fma, fma / sse, i8);
+  EXPECT_GT(fma, 1.2 * sse);
+  EXPECT_LT(fma, 4.0 * sse);
+  // 64 ops per vpmaddubsw + vpmaddwd pair vs 32 flops per 2 FMAs: with the two integer
+  // multiplies on 1 or 2 pipes, the sequence does 1x-2x the ops per cycle of f32 FMA.
+  EXPECT_GT(i8, 0.7 * fma);
+  EXPECT_LT(i8, 3.0 * fma);
+}
+
+}  // namespace
+}  // namespace moe
