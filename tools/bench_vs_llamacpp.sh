@@ -173,7 +173,7 @@ echo "CPU: $CPU; flags: $FLAGS; load average before: $LOAD0, after: $LOAD1"
 echo "moe-ep: $MOE_EP (checkout $MOE_COMMIT); llama.cpp: $LB ($LLAMA_COMMIT); checkpoint: $CKPT; GGUFs: $GGUF_DIR; raw: $OUT"
 [ "$FLOOR" = 1 ] && echo "read bandwidth (moe-ep probe, GB/s): before ${BW0:-?}, after ${BW1:-?}"
 for s in "${SKIPPED[@]}"; do echo "skipped: $s"; done
-W4_GROUP=${INT4_GROUP:-$("$MOE_EP" generate --help 2>&1 | sed -n 's/.*--int4-group[^[]*\[\([0-9]*\)\].*/\1/p' | head -1)}
+W4_GROUP=${INT4_GROUP:-$("$MOE_EP" generate --help 2>&1 | sed -n 's/.*--int4-group[^=[]*[=[]\([0-9]*\).*/\1/p' | head -1)}
 for job in "${JOBS[@]}"; do
   set -- $job
   if [ "$1" = moe ]; then moe_cmd "$2"; echo "command: ${CMD[*]/"$IDS"/\$IDS} --output-json F"
