@@ -9,6 +9,16 @@
 #   *-Q4_0.gguf, *-Q4_K_M.gguf (convert_hf_to_gguf.py --outtype bf16, then llama-quantize).
 # CKPT_DIR: the Hugging Face checkpoint both were made from (tools/gen_big_checkpoint.cpp).
 #
+# The inputs of issue #12's table (Qwen3-30B-A3B layer shapes, 4 layers, random bf16):
+#   gen_big_checkpoint CKPT 4 128 2048 768 0 32000 32 4 128, then config.json gains the
+#   fields convert_hf_to_gguf.py and llama.cpp need (architectures Qwen3MoeForCausalLM,
+#   rms_norm_eps 1e-6, max_position_embeddings 40960, rope_theta 1e6), and CKPT gets a
+#   32000-token byte-level BPE tokenizer of Qwen2's form (tokenizer.json, tokenizer_config.json).
+#   convert_hf_to_gguf.py CKPT --outtype bf16 --outfile GGUF_DIR/ckpt-BF16.gguf, with its
+#   pre-tokenizer check answering "qwen2" (it knows a tokenizer only by the hash of its
+#   output on a test string, and refuses a new one); then from that file
+#   llama-quantize ckpt-BF16.gguf ckpt-{Q8_0,Q4_0,Q4_K_M}.gguf {Q8_0,Q4_0,Q4_K_M}.
+#
 # Cases, each moe-ep mode against the llama.cpp type of the same weight width:
 #   bf16 vs BF16, --quantize w8a8 vs Q8_0, --quantize w4a8 vs Q4_0 and Q4_K_M.
 # A case whose GGUF is missing, or that this moe-ep build lacks (w4a8), prints "-".
@@ -41,7 +51,7 @@
 # unset: moe-ep's default), FLOOR (1), OUT (raw logs; default a new /tmp dir).
 set -euo pipefail
 
-usage() { sed -n '2,3p' "$0" >&2; exit 2; }
+usage() { sed -n '2,4p' "$0" >&2; exit 2; }
 [ $# -eq 3 ] || usage
 LLAMA_BUILD=$1 GGUF_DIR=$2 CKPT=$3
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -179,7 +189,8 @@ for job in "${JOBS[@]}"; do
   if [ "$1" = moe ]; then moe_cmd "$2"; echo "command: ${CMD[*]/"$IDS"/\$IDS} --output-json F"
   else for k in prefill decode; do llama_cmd "$2" $k; echo "command: ${CMD[*]}"; done; fi
 done
-echo "(\$IDS: $PREFILL prompt ids, id j = (17 + 104729 j) mod ($VOCAB - 256); w4a8 floor bytes with --int4-group ${W4_GROUP:-32})"
+echo "(\$IDS: $PREFILL prompt ids, id j = (17 + 104729 j) mod ($VOCAB - 256))"
+[[ " ${JOBS[*]} " == *" moe w4a8 "* ]] && echo "(w4a8's bytes per token counted with --int4-group ${W4_GROUP:-32})"
 echo
 python3 - "$RES" "$CKPT" "$GGUF_DIR" "$FLOOR" "${BW0:-0}" "${BW1:-0}" "$PREFILL" "$DECODE" "${W4_GROUP:-32}" <<'EOF'
 import glob, json, os, statistics, struct, sys
