@@ -5,6 +5,10 @@
 //
 //   g++ -O2 -std=c++20 -o /tmp/gen_big_checkpoint tools/gen_big_checkpoint.cpp
 //   /tmp/gen_big_checkpoint /tmp/moe_big [layers=4] [experts=64] [hidden=2048] [moe_I=768] [fused=0] [vocab=4096]
+//                           [heads=16] [kv_heads=4] [head_dim=hidden/heads]
+//
+// Qwen3-30B-A3B's attention is 32 query heads and 4 KV heads of 128 (q_proj 4096 x 2048,
+// so head_dim is not hidden/heads): `... 4 128 2048 768 0 VOCAB 32 4 128` writes it.
 //
 // Default size: 4 layers x 64 experts x 3 x 768 x 2048 bf16 = 2.42 GB of experts,
 // plus attention, router, norms, embeddings (~2.5 GB in all). Weights are random bf16
@@ -94,14 +98,23 @@ void write_shard(const std::string& path, const std::vector<Entry>& entries) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s DIR [layers=4] [experts=64] [hidden=2048] [moe_I=768] [fused=0] [vocab=4096]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s DIR [layers=4] [experts=64] [hidden=2048] [moe_I=768] [fused=0] [vocab=4096] "
+                 "[heads=16] [kv_heads=4] [head_dim=hidden/heads]\n",
+                 argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
   const int64_t L = argc > 2 ? std::atoll(argv[2]) : 4, E = argc > 3 ? std::atoll(argv[3]) : 64,
                 H = argc > 4 ? std::atoll(argv[4]) : 2048, I = argc > 5 ? std::atoll(argv[5]) : 768;
   const bool fused = argc > 6 && std::atoi(argv[6]) != 0;
-  const int64_t V = argc > 7 ? std::atoll(argv[7]) : 4096, heads = 16, kv_heads = 4, hd = H / heads;
+  const int64_t V = argc > 7 ? std::atoll(argv[7]) : 4096, heads = argc > 8 ? std::atoll(argv[8]) : 16,
+                kv_heads = argc > 9 ? std::atoll(argv[9]) : 4, hd = argc > 10 ? std::atoll(argv[10]) : H / heads;
+  if (L < 1 || E < 1 || H < 1 || I < 1 || V < 1 || heads < 1 || kv_heads < 1 || hd < 1 || heads % kv_heads != 0) {
+    std::fprintf(stderr, "every size must be >= 1 and heads (%lld) a multiple of kv_heads (%lld)\n", (long long)heads,
+                 (long long)kv_heads);
+    return 2;
+  }
   std::filesystem::create_directories(dir);
   std::string index = "{\"metadata\":{},\"weight_map\":{";
   bool first_key = true;
@@ -122,7 +135,7 @@ int main(int argc, char** argv) {
       es.push_back({p + "self_attn.q_proj.weight", {heads * hd, H}});
       es.push_back({p + "self_attn.k_proj.weight", {kv_heads * hd, H}});
       es.push_back({p + "self_attn.v_proj.weight", {kv_heads * hd, H}});
-      es.push_back({p + "self_attn.o_proj.weight", {H, heads * hd}});
+      es.push_back({p + "self_attn.o_proj.weight", {H, heads * hd}});  // in: heads * hd, may differ from H
       es.push_back({p + "self_attn.q_norm.weight", {hd}});
       es.push_back({p + "self_attn.k_norm.weight", {hd}});
       es.push_back({p + "mlp.gate.weight", {E, H}});

@@ -1,0 +1,299 @@
+#!/usr/bin/env bash
+# moe-ep vs llama.cpp on the same weights, side by side (issue #12 item 5).
+#
+#   tools/bench_vs_llamacpp.sh LLAMA_BUILD_DIR GGUF_DIR CKPT_DIR
+#
+# LLAMA_BUILD_DIR: a llama.cpp build holding bin/llama-bench (this script neither fetches
+#   nor builds llama.cpp; docs/PERF.md says how the numbers were made).
+# GGUF_DIR: the GGUFs of CKPT_DIR, found by their ftype suffix: *-BF16.gguf, *-Q8_0.gguf,
+#   *-Q4_0.gguf, *-Q4_K_M.gguf (convert_hf_to_gguf.py --outtype bf16, then llama-quantize).
+# CKPT_DIR: the Hugging Face checkpoint both were made from (tools/gen_big_checkpoint.cpp).
+#
+# The inputs of issue #12's table (Qwen3-30B-A3B layer shapes, 4 layers, random bf16):
+#   gen_big_checkpoint CKPT 4 128 2048 768 0 32000 32 4 128, then config.json gains the
+#   fields convert_hf_to_gguf.py and llama.cpp need (architectures Qwen3MoeForCausalLM,
+#   rms_norm_eps 1e-6, max_position_embeddings 40960, rope_theta 1e6), and CKPT gets a
+#   32000-token byte-level BPE tokenizer of Qwen2's form (tokenizer.json, tokenizer_config.json).
+#   convert_hf_to_gguf.py CKPT --outtype bf16 --outfile GGUF_DIR/ckpt-BF16.gguf, with its
+#   pre-tokenizer check answering "qwen2" (it knows a tokenizer only by the hash of its
+#   output on a test string, and refuses a new one); then from that file
+#   llama-quantize ckpt-BF16.gguf ckpt-{Q8_0,Q4_0,Q4_K_M}.gguf {Q8_0,Q4_0,Q4_K_M}.
+#
+# Cases, each moe-ep mode against the llama.cpp type of the same weight width:
+#   bf16 vs BF16, --quantize w8a8 vs Q8_0, --quantize w4a8 vs Q4_0 and Q4_K_M.
+# A case whose GGUF is missing, or that this moe-ep build lacks (w4a8), prints "-".
+#
+# Each of R rounds runs every case of both engines once, one process at a time, in a
+# fixed order that is reversed every other round (so a slow drift of the shared
+# machine's memory bandwidth does not favour whoever runs first); the table holds the
+# medians over rounds. Both engines get THREADS threads.
+#   prefill: one prompt of PREFILL tokens, from an empty cache. moe-ep: the first step of
+#     `generate` (fixed pseudo-random prompt ids); llama.cpp: llama-bench -p PREFILL -n 0.
+#   decode (batch 1): DECODE tokens after that prompt. moe-ep: the remaining steps of the
+#     same `generate` (greedy, --ignore-eos); llama.cpp: llama-bench -p 0 -n DECODE -d
+#     PREFILL (generation after PREFILL tokens of context, as moe-ep's).
+# llama-bench runs with its defaults otherwise (one warm-up run, its default flash
+# attention and CPU weight repacking), one repetition per round (-r 1).
+#
+# DRAM floor (FLOOR=1): the fraction of decode tokens/s over bandwidth / bytes a decode
+# token must read. Bytes per token: every weight but the experts and token_embd, 8/128
+# (top-k / experts, from config.json) of the expert weights, one embedding row, and the
+# KV cache at the mean decode context. moe-ep's bytes come from the checkpoint's shapes
+# with moe-ep's storage: attention, norms, lm_head in bf16, router f32, experts bf16 /
+# int8 + f32 per-channel scale (w8a8) / 4-bit + f32 scale + u8 zero per group (w4a8),
+# KV f32. llama.cpp's come from the GGUF's own tensor table (the bytes of each tensor as
+# stored, whatever its quant type), KV f16. The bandwidth is moe-ep's streaming-read
+# probe (the "limits: read bandwidth" of `moe-ep bench`), taken before and after the
+# rounds; the higher of the two is used, so the fractions are not flattered.
+#
+# Environment: R (rounds, 5), THREADS (2), PREFILL (512), DECODE (64), MOE_EP (moe-ep
+# binary, default build/moe-ep of this checkout), INT4_GROUP (--int4-group for w4a8;
+# unset: moe-ep's default), FLOOR (1), OUT (raw logs; default a new /tmp dir).
+set -euo pipefail
+
+usage() { sed -n '2,4p' "$0" >&2; exit 2; }
+[ $# -eq 3 ] || usage
+LLAMA_BUILD=$1 GGUF_DIR=$2 CKPT=$3
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+R=${R:-5} THREADS=${THREADS:-2} PREFILL=${PREFILL:-512} DECODE=${DECODE:-64} FLOOR=${FLOOR:-1}
+MOE_EP=${MOE_EP:-$REPO/build/moe-ep}
+OUT=${OUT:-$(mktemp -d /tmp/bench_vs_llamacpp.XXXXXX)}
+mkdir -p "$OUT"
+LB=$LLAMA_BUILD/bin/llama-bench
+
+die() { echo "bench_vs_llamacpp: $*" >&2; exit 1; }
+[ -x "$LB" ] || die "no llama-bench at $LB (LLAMA_BUILD_DIR must be a llama.cpp build dir)"
+[ -x "$MOE_EP" ] || die "no moe-ep binary at $MOE_EP (set MOE_EP)"
+[ -f "$CKPT/config.json" ] || die "no config.json in CKPT_DIR $CKPT"
+[ -d "$GGUF_DIR" ] || die "GGUF_DIR $GGUF_DIR is not a directory"
+command -v python3 >/dev/null || die "python3 is needed to read the JSON results"
+for v in R THREADS PREFILL DECODE; do
+  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
+done
+
+gguf_of() {  # ftype -> the one GGUF of that type in GGUF_DIR, or nothing
+  local f=( "$GGUF_DIR"/*-"$1".gguf )
+  [ -f "${f[0]}" ] || return 0
+  [ ${#f[@]} -eq 1 ] || die "more than one *-$1.gguf in $GGUF_DIR: ${f[*]}"
+  echo "${f[0]}"
+}
+moe_has() { "$MOE_EP" generate --help 2>&1 | grep -q "$1"; }
+
+# Jobs: "moe MODE" or "llama FTYPE"; pairs: moe mode -> llama ftypes.
+declare -A PAIR=([bf16]="BF16" [w8a8]="Q8_0" [w4a8]="Q4_0 Q4_K_M")
+MODES=(bf16 w8a8 w4a8)
+JOBS=() SKIPPED=()
+for m in "${MODES[@]}"; do
+  if [ "$m" = w4a8 ] && ! moe_has w4a8; then SKIPPED+=("moe-ep $m: this build has no --quantize $m")
+  else JOBS+=("moe $m"); fi
+  for t in ${PAIR[$m]}; do
+    if [ -n "$(gguf_of "$t")" ]; then JOBS+=("llama $t"); else SKIPPED+=("llama.cpp $t: no *-$t.gguf in $GGUF_DIR"); fi
+  done
+done
+
+# Prompt ids: fixed pseudo-random, below the special tokens (the vocab's last ids).
+VOCAB=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$CKPT/config.json")
+IDS=$(python3 -c '
+import sys; n, v = int(sys.argv[1]), int(sys.argv[2]) - 256
+print(",".join(str((17 + 104729 * j) % v) for j in range(n)))' "$PREFILL" "$VOCAB")
+
+INT4_ARGS=()
+[ -n "${INT4_GROUP:-}" ] && INT4_ARGS=(--int4-group "$INT4_GROUP")
+moe_cmd() {  # MODE -> CMD, the moe-ep command line (the prompt ids in $IDS)
+  local q=$1 extra=()
+  [ "$q" = bf16 ] && q=none
+  [ "$1" = w4a8 ] && extra=("${INT4_ARGS[@]}")
+  CMD=(env OMP_NUM_THREADS="$THREADS" "$MOE_EP" generate --model "$CKPT" --dtype bf16 --quantize "$q" "${extra[@]}"
+       --prompt-ids "$IDS" --max-new-tokens $((DECODE + 1)) --ignore-eos --quiet)
+}
+llama_cmd() {  # FTYPE KIND -> CMD, the llama-bench command line
+  if [ "$2" = prefill ]; then CMD=("$LB" -m "$(gguf_of "$1")" -t "$THREADS" -p "$PREFILL" -n 0 -r 1 -o json)
+  else CMD=("$LB" -m "$(gguf_of "$1")" -t "$THREADS" -p 0 -n "$DECODE" -d "$PREFILL" -r 1 -o json); fi
+}
+
+RES=$OUT/results.tsv
+: > "$RES"
+run_job() {  # ROUND moe MODE | ROUND llama FTYPE
+  local r=$1 eng=$2 c=$3 j kind
+  if [ "$eng" = moe ]; then
+    j=$OUT/moe-$c-r$r.json
+    moe_cmd "$c"
+    "${CMD[@]}" --output-json "$j" 2> "$OUT/moe-$c-r$r.err" || die "moe-ep $c failed: $(tail -3 "$OUT/moe-$c-r$r.err")"
+    python3 - "$j" "$r" "$c" "$PREFILL" "$DECODE" >> "$RES" <<'EOF'
+import json, sys
+j, r, c, p, d = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+t = j["timings"]
+assert t["prefill_tokens"] == p and t["decode_tokens"] == d, (t, p, d)
+print(f"{r}\tmoe\t{c}\tprefill\t{t['prefill_tokens_per_s']:.3f}")
+print(f"{r}\tmoe\t{c}\tdecode\t{t['decode_tokens_per_s']:.3f}")
+EOF
+  else
+    for kind in prefill decode; do
+      j=$OUT/llama-$c-$kind-r$r.json
+      llama_cmd "$c" $kind
+      "${CMD[@]}" > "$j" 2> "$OUT/llama-$c-$kind-r$r.err" \
+        || die "llama-bench $c $kind failed: $(tail -3 "$OUT/llama-$c-$kind-r$r.err")"
+      python3 - "$j" "$r" "$c" "$kind" >> "$RES" <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert len(rows) == 1, rows
+print(f"{sys.argv[2]}\tllama\t{sys.argv[3]}\t{sys.argv[4]}\t{rows[0]['avg_ts']:.3f}")
+EOF
+    done
+  fi
+}
+
+bandwidth() {  # moe-ep's streaming-read probe, GB/s
+  OMP_NUM_THREADS=$THREADS "$MOE_EP" bench --shape qwen3-30b-a3b --tokens 1 --dtype bf16 --seconds 0.2 --skip-check \
+    2>&1 | sed -n 's/.*limits: read bandwidth \([0-9.]*\) GB\/s.*/\1/p' | head -1
+}
+
+BW0= BW1=
+[ "$FLOOR" = 1 ] && BW0=$(bandwidth)
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+T0=$(date -u +%FT%TZ)
+for ((r = 1; r <= R; r++)); do
+  order=("${JOBS[@]}")
+  if ((r % 2 == 0)); then
+    order=(); for ((i = ${#JOBS[@]} - 1; i >= 0; i--)); do order+=("${JOBS[$i]}"); done
+  fi
+  for job in "${order[@]}"; do
+    echo "round $r/$R: $job" >&2
+    run_job "$r" $job
+  done
+done
+T1=$(date -u +%FT%TZ)
+LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
+[ "$FLOOR" = 1 ] && BW1=$(bandwidth)
+
+# --- report ---
+CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|fma|f16c|avx512f|avx512_bf16|avx512_vnni|avx_vnni|amx_tile' | tr '\n' ' ')
+# llama-bench's JSON names its build (build_commit, build_number).
+LLAMA_COMMIT=$(python3 -c '
+import glob, json, sys
+f = sorted(glob.glob(sys.argv[1] + "/llama-*.json"))
+r = json.load(open(f[0]))[0] if f else {}
+print("commit %s, build %s" % (r.get("build_commit", "?"), r.get("build_number", "?")))' "$OUT")
+MOE_COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo "?")
+
+echo
+echo "moe-ep vs llama.cpp: $R round(s) $T0 .. $T1, $THREADS threads, prefill $PREFILL tokens, decode $DECODE tokens at batch 1"
+echo "CPU: $CPU; flags: $FLAGS; load average before: $LOAD0, after: $LOAD1"
+echo "moe-ep: $MOE_EP (checkout $MOE_COMMIT); llama.cpp: $LB ($LLAMA_COMMIT); checkpoint: $CKPT; GGUFs: $GGUF_DIR; raw: $OUT"
+[ "$FLOOR" = 1 ] && echo "read bandwidth (moe-ep probe, GB/s): before ${BW0:-?}, after ${BW1:-?}"
+for s in "${SKIPPED[@]}"; do echo "skipped: $s"; done
+W4_GROUP=${INT4_GROUP:-$("$MOE_EP" generate --help 2>&1 | sed -n 's/.*--int4-group[^=[]*[=[]\([0-9]*\).*/\1/p' | head -1)}
+for job in "${JOBS[@]}"; do
+  set -- $job
+  if [ "$1" = moe ]; then moe_cmd "$2"; echo "command: ${CMD[*]/"$IDS"/\$IDS} --output-json F"
+  else for k in prefill decode; do llama_cmd "$2" $k; echo "command: ${CMD[*]}"; done; fi
+done
+echo "(\$IDS: $PREFILL prompt ids, id j = (17 + 104729 j) mod ($VOCAB - 256))"
+[[ " ${JOBS[*]} " == *" moe w4a8 "* ]] && echo "(w4a8's bytes per token counted with --int4-group ${W4_GROUP:-32})"
+echo
+python3 - "$RES" "$CKPT" "$GGUF_DIR" "$FLOOR" "${BW0:-0}" "${BW1:-0}" "$PREFILL" "$DECODE" "${W4_GROUP:-32}" <<'EOF'
+import glob, json, os, statistics, struct, sys
+res, ckpt, gguf_dir, floor = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+bw = max(float(sys.argv[5] or 0), float(sys.argv[6] or 0))
+prefill, decode, w4_group = int(sys.argv[7]), int(sys.argv[8]), int(sys.argv[9])
+vals = {}
+for line in open(res):
+    r, eng, case, kind, tps = line.split("\t")
+    vals.setdefault((eng, case, kind), []).append(float(tps))
+med = {k: statistics.median(v) for k, v in vals.items()}
+cfg = json.load(open(f"{ckpt}/config.json"))
+topk, n_exp = cfg["num_experts_per_tok"], cfg["num_experts"]
+kv_elems = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * (prefill + decode / 2)
+
+def kind_of(name):  # expert / embed / other, for both naming schemes
+    if ".experts." in name or "_exps" in name: return "expert"
+    if "embed_tokens" in name or name.startswith("token_embd"): return "embed"
+    return "other"
+
+def moe_bytes(mode):
+    """Bytes per decode token with moe-ep's storage of the checkpoint's tensors."""
+    idx = json.load(open(f"{ckpt}/model.safetensors.index.json"))["weight_map"]
+    total = 0.0
+    for shard in sorted(set(idx.values())):
+        with open(f"{ckpt}/{shard}", "rb") as f:
+            hdr = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        for name, t in hdr.items():
+            if name == "__metadata__": continue
+            shape, n = t["shape"], 1
+            for d in t["shape"]: n *= d
+            k = kind_of(name)
+            if k == "expert":
+                rows, cols = (n // shape[-1]), shape[-1]  # [.., out, in]
+                b = {"bf16": 2.0 * n, "w8a8": n + 4.0 * rows,
+                     "w4a8": 0.5 * n + 5.0 * rows * -(-cols // w4_group)}[mode]
+                total += b * topk / n_exp
+            elif k == "embed":
+                total += 2.0 * shape[-1]
+            elif name.endswith("mlp.gate.weight"):
+                total += 4.0 * n  # router f32
+            else:
+                total += 2.0 * n
+    return total + 4.0 * kv_elems  # KV f32
+
+def gguf_bytes(path):
+    """Bytes per decode token from a GGUF's tensor table (stored sizes, any quant type)."""
+    with open(path, "rb") as f:
+        data = f.read(64 << 20)
+    o = 0
+    def rd(fmt):
+        nonlocal o
+        v = struct.unpack_from("<" + fmt, data, o); o += struct.calcsize("<" + fmt); return v[0]
+    def rstr():
+        nonlocal o
+        n = rd("Q"); s = data[o:o + n].decode("utf-8", "replace"); o += n; return s
+    sizes = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    def rval(t):
+        if t == 8: return rstr()
+        if t == 9:
+            et, n = rd("I"), rd("Q")
+            return [rval(et) for _ in range(n)]
+        return rd(sizes[t])
+    assert data[:4] == b"GGUF", path
+    o = 4
+    ver, n_t, n_kv = rd("I"), rd("Q"), rd("Q")
+    align = 32
+    for _ in range(n_kv):
+        k = rstr(); v = rval(rd("I"))
+        if k == "general.alignment": align = v
+    infos = []
+    for _ in range(n_t):
+        name = rstr(); nd = rd("I"); dims = [rd("Q") for _ in range(nd)]; rd("I"); infos.append((name, dims, rd("Q")))
+    start = (o + align - 1) // align * align
+    end = os.path.getsize(path) - start
+    offs = sorted(i[2] for i in infos) + [end]
+    nxt = {a: b for a, b in zip(offs, offs[1:])}
+    total = 0.0
+    for name, dims, off in infos:
+        nb, k = nxt[off] - off, kind_of(name)
+        if k == "expert": total += nb * topk / n_exp
+        elif k == "embed": total += nb / dims[-1]  # one row of [H, V]
+        else: total += nb
+    return total + 2.0 * kv_elems  # KV f16
+
+def fmt(x): return f"{x:.1f}" if x else "-"
+def ratio(a, b): return f"{a / b:.2f}" if a and b else "-"
+pairs = [("bf16", "BF16"), ("w8a8", "Q8_0"), ("w4a8", "Q4_0"), ("w4a8", "Q4_K_M")]
+print("| moe-ep | llama.cpp | decode moe-ep | decode llama.cpp | ratio | prefill moe-ep | prefill llama.cpp | ratio |"
+      + (" MB/token moe-ep / llama.cpp | floor frac moe-ep / llama.cpp |" if floor else ""))
+print("|---|---|---|---|---|---|---|---|" + ("---|---|" if floor else ""))
+for m, t in pairs:
+    md, ld = med.get(("moe", m, "decode")), med.get(("llama", t, "decode"))
+    mp, lp = med.get(("moe", m, "prefill")), med.get(("llama", t, "prefill"))
+    row = f"| {m} | {t} | {fmt(md)} | {fmt(ld)} | {ratio(md, ld)} | {fmt(mp)} | {fmt(lp)} | {ratio(mp, lp)} |"
+    if floor:
+        g = glob.glob(f"{gguf_dir}/*-{t}.gguf")
+        mb = moe_bytes(m) if md else 0
+        lb = gguf_bytes(g[0]) if g and ld else 0
+        fr = lambda tps, b: f"{tps * b / (bw * 1e9):.2f}" if tps and b and bw else "-"
+        mbs = lambda b: f"{b / 1e6:.0f}" if b else "-"
+        row += f" {mbs(mb)} / {mbs(lb)} | {fr(md, mb)} / {fr(ld, lb)} |"
+    print(row)
+print(f"\ntokens/s, median of {len(next(iter(vals.values()))) if vals else 0} round(s); ratio = moe-ep / llama.cpp"
+      + (f"; floor frac = decode tokens/s x bytes per token / {bw:.1f} GB/s" if floor else ""))
+EOF
