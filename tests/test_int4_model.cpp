@@ -139,7 +139,10 @@ TEST(Int4ModelCli, ForwardMatchesTheApiOnOneRankAndUnderEp) {
     if (f.name != "qwen3_moe" && f.name != "deepseek_v3") continue;  // H = 40 (two groups at g = 32); MLA, shared
     SCOPED_TRACE(f.name);
     std::string ids;
-    for (const auto& p : f.prompts) ids += (ids.empty() ? "" : ";") + joined(p);
+    for (const auto& p : f.prompts) {
+      if (!ids.empty()) ids += ';';
+      ids += joined(p);
+    }
     const std::string base = std::string(MOE_EP_BINARY) + " forward --quiet --model " + f.dir + " --prompt-ids '" +
                              ids + "' --dtype bf16 --quantize w4a8 --int4-group 32 ";
     std::string log;
