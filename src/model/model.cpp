@@ -183,12 +183,14 @@ void Model::mlp(DecoderLayer& L, int64_t l, const Tensor& x, float* y) {
     for (int32_t e : r.ids) ++expert_load_[l][e];
   }
   local.count_routed(count && routes_all_x ? expert_load_[l].data() : nullptr);
-  Tensor out;
-  if (L.moe) out = L.moe->forward(x);
-  else if (opt_.par.dp > 1) out = L.ep_moe->forward(x);  // own tokens (DP attention)
-  else out = L.ep_moe->forward_replicated(x);             // same tokens on every rank
+  if (L.moe) {
+    L.moe->forward(x, y);
+  } else {
+    const Tensor out = opt_.par.dp > 1 ? L.ep_moe->forward(x)               // own tokens (DP attention)
+                                       : L.ep_moe->forward_replicated(x);  // same tokens on every rank
+    if (T > 0) std::memcpy(y, out.data<float>(), T * H * sizeof(float));
+  }
   local.count_routed(nullptr);
-  if (T > 0) std::memcpy(y, out.data<float>(), T * H * sizeof(float));
 }
 
 EpStats Model::ep_stats() const {
