@@ -190,7 +190,7 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
       "row: the highest of\nmin(512 MB probe buffer, the packed W13 + W2 themselves) read at start-up and the packed "
       "W13 + W2 read again\nright before and right after the row; every read streams the whole buffer once with "
       "{} loads on {} threads,\nbest of 5.\n"
-      "frac_pk = {} / peak {}: {} on {} threads, operands in\nregisters (or L1), best of 3, measured at start-up ({} kernel at "
+      "frac_pk = {} / peak {}: {} on {} threads, operands in\nregisters (or L1), best of 3 by thread CPU time, at start-up ({} kernel at "
       "{}). {} = 2 x multiply-adds (routed k x 3HI, router EH, shared 3HS per token).\n\n",
       dtype == DType::F8E4M3 ? " + their fp8 block scales" : "", read_probe_loads(), threads,
       dtype == DType::I8 ? "GOP/s" : "GFLOP/s", peak_probe_name(probe), peak_probe_what(probe), threads, dtype_str,

@@ -551,7 +551,7 @@ int run_bench_model(const BenchModelOptions& o) {
         "K/V of the context\n(f32 cache), lm_head + the embedding rows) / that rank's read bandwidth, measured once "
         "before prefill: a 512 MB\nbuffer read once with {} loads on {} threads per rank, all ranks at once, best of "
         "5.\nPrefill % of peak: 2 x multiply-adds (linear layers, causal QK^T and PV) per second / peak {} = {} on "
-        "{} threads\nper rank, operands in registers (or L1), best of 3, summed over the ranks ({} kernels at {}{}).\n",
+        "{} threads\nper rank, operands in registers (or L1), best of 3 by thread CPU time, summed over the ranks ({} kernels at {}{}).\n",
         read_probe_loads(), threads, peak_probe_name(probe), peak_probe_what(probe), threads, o.dtype,
         isa_name(active_isa()), o.quantize == "w8a8" ? "; the W8A8 routed experts run int8 instructions" : "");
     if (!o.json_path.empty()) {

@@ -65,7 +65,16 @@ int64_t Tensor::numel() const {
   return n;
 }
 
-bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+// Compared in place: kernels check this on every call, so it must not allocate.
+bool Tensor::is_contiguous() const {
+  if (strides_.size() != shape_.size()) return false;
+  int64_t s = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (strides_[i] != s) return false;
+    s *= shape_[i];
+  }
+  return true;
+}
 
 Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   MOE_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= dim(0),

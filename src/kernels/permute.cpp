@@ -22,7 +22,8 @@ void gen_idx(const int32_t* ids, int64_t T, int64_t k, int64_t E, RouteIndex& ou
     ++out.counts[e];
   }
   for (int64_t e = 0; e < E; ++e) out.offsets[e + 1] = out.offsets[e] + out.counts[e];
-  std::vector<int64_t> cursor(out.offsets.begin(), out.offsets.end() - 1);
+  thread_local std::vector<int64_t> cursor;  // reused: gen_idx runs per MoE layer per step
+  cursor.assign(out.offsets.begin(), out.offsets.end() - 1);
   for (int64_t s = 0; s < n; ++s) {
     const int64_t pos = cursor[ids[s]]++;
     out.sorted_slot[pos] = static_cast<int32_t>(s);

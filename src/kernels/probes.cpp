@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 
 #include "core/check.h"
 #include "core/cpu.h"
@@ -21,6 +22,14 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU time of the calling thread: the compute peaks time their chains with it, so a
+// thread the OS deschedules on a shared machine does not read as a slower core.
+double thread_cpu_s() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 int resolve_threads(int threads) { return threads > 0 ? threads : num_threads(); }
@@ -80,10 +89,10 @@ double peak_of(int nt, double ops_per_iter, F chain) {
   int64_t iters = 1 << 16;
   // Grow until one run takes >= 50 ms single-threaded (stable timing, turbo settled).
   for (;;) {
-    const double t0 = now_s();
+    const double t0 = thread_cpu_s();
     volatile double sink = chain(iters);
     (void)sink;
-    if (now_s() - t0 > 0.05 || iters > (int64_t(1) << 34)) break;
+    if (thread_cpu_s() - t0 > 0.05 || iters > (int64_t(1) << 34)) break;
     iters *= 2;
   }
   double best = 0;
@@ -92,10 +101,10 @@ double peak_of(int nt, double ops_per_iter, F chain) {
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp barrier
-      const double t0 = now_s();
+      const double t0 = thread_cpu_s();
       volatile double sink = chain(iters);
       (void)sink;
-      const double dt = now_s() - t0;
+      const double dt = thread_cpu_s() - t0;
 #pragma omp critical
       t_max = std::max(t_max, dt);
     }

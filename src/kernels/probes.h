@@ -55,7 +55,9 @@ bool peak_probe_available(PeakProbe p);
 //                                portable: scalar int32
 // Always an available probe; other dtypes fail with a clear error.
 PeakProbe kernel_peak_probe(DType weights);
-// Best of 3 runs of the probe, in peak_probe_unit(p) (1e9 ops/s). > 0. Fails (never
+// Best of 3 runs of the probe, in peak_probe_unit(p) (1e9 ops/s), each run timed by
+// the slowest thread's own CPU time (CLOCK_THREAD_CPUTIME_ID: on a shared machine a
+// descheduled thread does not lower the peak). > 0. Fails (never
 // returns 0) if the probe is not available.
 double measure_peak(PeakProbe p, int threads = 0);
 

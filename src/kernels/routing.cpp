@@ -103,10 +103,14 @@ void route(const RoutingParams& p) {
   const int64_t E = p.n_experts, k = p.top_k;
 #pragma omp parallel if (p.n_tokens >= 64)
   {
-    std::vector<float> scores(E), choice(E);
-    std::vector<char> allowed(E, 1);
-    std::vector<std::pair<float, int32_t>> gscore;
-    std::vector<float> best_key(k);
+    // Per thread, reused across calls (route runs per MoE layer per decode step).
+    thread_local std::vector<float> scores, choice, best_key;
+    thread_local std::vector<char> allowed;
+    thread_local std::vector<std::pair<float, int32_t>> gscore;
+    scores.resize(E);
+    choice.resize(E);
+    allowed.assign(E, 1);
+    best_key.resize(k);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < p.n_tokens; ++t) {
       compute_scores(cfg, p.logits + t * E, E, scores.data());

@@ -140,7 +140,8 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s) {
 
 inline void gqa_attend(const GqaAttendArgs& a) {
   const StepBatch& b = *a.batch;
-  std::vector<Item> items;
+  thread_local std::vector<Item> items;  // reused: no allocation per layer and step
+  items.clear();
   int64_t work = 0;  // multiply-adds, roughly
   for (size_t s = 0; s < b.seqs.size(); ++s) {
     const SeqSpan& sp = b.seqs[s];
@@ -151,12 +152,13 @@ inline void gqa_attend(const GqaAttendArgs& a) {
     work += sp.n * (sp.start_pos + sp.n) * a.n_heads * a.head_dim;
   }
   const int64_t n = static_cast<int64_t>(items.size());
+  const Item* list = items.data();  // the caller's: in the team, `items` names each thread's own
   // Small steps run on one thread: waking a team costs more than the work.
 #pragma omp parallel if (n > 1 && work >= (int64_t{1} << 17))
   {
     static thread_local Scratch s;
 #pragma omp for schedule(dynamic)
-    for (int64_t i = 0; i < n; ++i) attend_item(a, items[i], s);
+    for (int64_t i = 0; i < n; ++i) attend_item(a, list[i], s);
   }
 }
 

@@ -185,13 +185,28 @@ void Model::mlp(DecoderLayer& L, int64_t l, const Tensor& x, float* y) {
     for (int32_t e : r.ids) ++expert_load_[l][e];
   }
   local.count_routed(count && routes_all_x ? expert_load_[l].data() : nullptr);
-  Tensor out;
-  if (L.moe) out = L.moe->forward(x);
-  else if (opt_.par.dp > 1) out = L.ep_moe->forward(x);  // own tokens (DP attention)
-  else out = L.ep_moe->forward_replicated(x);             // same tokens on every rank
+  if (L.moe) {
+    L.moe->forward(x, y);
+  } else {
+    const Tensor out = opt_.par.dp > 1 ? L.ep_moe->forward(x)               // own tokens (DP attention)
+                                       : L.ep_moe->forward_replicated(x);  // same tokens on every rank
+    if (T > 0) std::memcpy(y, out.data<float>(), T * H * sizeof(float));
+  }
   local.count_routed(nullptr);
-  if (T > 0) std::memcpy(y, out.data<float>(), T * H * sizeof(float));
 }
+
+namespace {
+
+// t as f32 [rows, cols], reallocated only when the shape changes: the hidden-state
+// buffers of a step keep their shape from one decode step to the next, so a decode
+// step allocates none of them.
+Tensor& step_buffer(Tensor& t, int64_t rows, int64_t cols) {
+  if (!t.defined() || t.ndim() != 2 || t.dim(0) != rows || t.dim(1) != cols)
+    t = Tensor::empty({rows, cols}, DType::F32);
+  return t;
+}
+
+}  // namespace
 
 EpStats Model::ep_stats() const {
   EpStats sum;
@@ -219,8 +234,7 @@ Tensor Model::forward(const StepBatch& b) {
               "this slot {} now (raise --max-seq-len)",
               sp.slot, sp.start_pos + sp.n, cache_.n_slots(), cache_.max_seq(),
               sp.slot >= 0 && sp.slot < cache_.n_slots() ? cache_.capacity(sp.slot) : 0);
-  Tensor h = Tensor::empty({T, H}, DType::F32);
-  float* hp = h.data<float>();
+  float* hp = step_buffer(step_h_, T, H).data<float>();
   const size_t esz = dtype_size(embed_.dtype());
   for (int64_t t = 0; t < T; ++t) {
     const int32_t id = b.tokens[t];
@@ -229,9 +243,9 @@ Tensor Model::forward(const StepBatch& b) {
                    hp + t * H, H);
   }
   rope_.tables(b.positions.data(), T, rope_tab_);
-  Tensor xn = Tensor::empty({T, H}, DType::F32), tmp = Tensor::empty({T, H}, DType::F32);
-  float* xp = xn.data<float>();
-  float* tp = tmp.data<float>();
+  const Tensor& xn = step_buffer(step_xn_, T, H);
+  float* xp = step_xn_.data<float>();
+  float* tp = step_buffer(step_tmp_, T, H).data<float>();
   AttnContext ctx;
   ctx.batch = &b;
   ctx.rope = &rope_tab_;
@@ -249,7 +263,7 @@ Tensor Model::forward(const StepBatch& b) {
     for (int64_t i = 0; i < T * H; ++i) hp[i] += tp[i];
   }
   const int64_t n = static_cast<int64_t>(b.logit_rows.size());
-  Tensor last = Tensor::empty({n, H}, DType::F32);
+  Tensor& last = step_buffer(step_last_, n, H);
   for (int64_t i = 0; i < n; ++i)
     rms_norm(hp + b.logit_rows[i] * H, final_norm_.data<float>(), 1, H, cfg_.rms_eps, last.data<float>() + i * H);
   Tensor logits = Tensor::empty({n, V}, DType::F32);

@@ -122,7 +122,9 @@ class Model {
   Rope rope_;  // positions -> cos/sin tables (all layers share one RoPE)
   KvCache cache_;
   std::vector<std::vector<int64_t>> expert_load_;
-  // Scratch, grown as needed.
+  // Scratch, grown as needed. step_*: f32 [T, H] of the last forward() (residual
+  // stream, normed input, layer output) and [logit rows, H]; see step_buffer().
+  Tensor step_h_, step_xn_, step_tmp_, step_last_;
   AttnScratch attn_s_;
   MoeScratch mlp_s_;
   LinearScratch lin_s_;

@@ -10,7 +10,10 @@ namespace moe {
 Tensor& MoeScratch::ensure(Tensor& t, int64_t rows, int64_t cols, DType dtype) {
   const int64_t need = std::max<int64_t>(rows * cols, 1);
   if (!t.defined() || t.dtype() != dtype || t.numel() < need) t = Tensor::empty({need}, dtype);
-  t = t.reshape({t.numel()});  // keep the full capacity; callers index by pointer
+  // Keep the full capacity; callers index by pointer. Reshaped only if someone stored a
+  // shaped tensor here: a reshape per call allocates its shape and strides (decode runs
+  // this ~15 times per step).
+  if (t.ndim() != 1) t = t.reshape({t.numel()});
   return t;
 }
 
@@ -277,7 +280,8 @@ void MoeLayer::routed_partial(const Tensor& x, const Routing& r, float* y) {
     expand(ep);
 
   // Expert offsets relative to this layer's first row.
-  std::vector<int64_t> offsets(w_.n_local() + 1);
+  std::vector<int64_t>& offsets = local_offsets_;  // reused: no allocation per call
+  offsets.resize(w_.n_local() + 1);
   for (int64_t i = 0; i <= w_.n_local(); ++i) offsets[i] = r.index.offsets[b + i] - r.index.offsets[b];
   Tensor& out = MoeScratch::ensure(scratch_.out, rows, H, DType::F32);
   ExpertsParams xp;
@@ -304,19 +308,25 @@ void MoeLayer::routed_partial(const Tensor& x, const Routing& r, float* y) {
 }
 
 Tensor MoeLayer::forward(const Tensor& x) {
+  MOE_CHECK(x.ndim() == 2, "MoE input 'hidden_states' has shape {}, expected [T, {}]", shape_str(x.shape()),
+            cfg_.hidden_size);
+  Tensor y = Tensor::empty({x.dim(0), cfg_.hidden_size}, DType::F32);
+  forward(x, y.data<float>());
+  return y;
+}
+
+void MoeLayer::forward(const Tensor& x, float* y) {
   MOE_CHECK(x.ndim() == 2 && x.dim(1) == cfg_.hidden_size && x.is_contiguous(),
             "MoE input 'hidden_states' has shape {}, expected [T, {}]", shape_str(x.shape()), cfg_.hidden_size);
   MOE_CHECK(w_.expert_begin == 0 && w_.expert_end == cfg_.n_experts,
             "single-rank forward needs all {} experts, this layer holds [{}, {})", cfg_.n_experts, w_.expert_begin,
             w_.expert_end);
   const int64_t T = x.dim(0), H = cfg_.hidden_size;
-  Tensor y = Tensor::zeros({T, H}, DType::F32);
-  if (T == 0) return y;
-  Routing r;
-  route(x, r);
-  routed_partial(x, r, y.data<float>());
-  shared_experts(x, y.data<float>(), /*accumulate=*/true);
-  return y;
+  if (T == 0) return;
+  std::fill(y, y + T * H, 0.f);
+  route(x, routing_);
+  routed_partial(x, routing_, y);
+  shared_experts(x, y, /*accumulate=*/true);
 }
 
 }  // namespace moe

@@ -124,6 +124,8 @@ class MoeLayer {
   void shared_experts(const Tensor& x, float* y, bool accumulate);
   // The whole block on one rank holding all experts: returns y [T, H] f32.
   Tensor forward(const Tensor& x);
+  // The same into the caller's y [T, H] f32 (overwritten): no output allocation per call.
+  void forward(const Tensor& x, float* y);
 
   MoeScratch& scratch() { return scratch_; }
 
@@ -137,6 +139,9 @@ class MoeLayer {
   bool smooth_uniform_ = true;
   Tensor shared_tmp_;          // [T, H] f32
   int64_t* load_counts_ = nullptr;  // [E], see count_routed()
+  // Reused across calls so that a decode step allocates nothing here.
+  Routing routing_;                       // forward()'s routing
+  std::vector<int64_t> local_offsets_;    // routed_partial: [n_local + 1]
 };
 
 }  // namespace moe
