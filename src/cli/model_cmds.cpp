@@ -191,6 +191,7 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
     j["model_type"] = L.model->config().model_type;
     j["dtype"] = o.dtype;
     j["quantize"] = o.quantize;
+    j["quantize_linears"] = o.quantize_linears;
     j["ranks"] = L.world->size();
     j["parallel"] = to_string(o.parallel.par);
     j["prompts"] = L.prompts;

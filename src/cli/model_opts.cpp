@@ -14,7 +14,9 @@
 namespace moe {
 
 std::string weights_desc(const CommonOpts& o) {
-  return o.quantize == "none" ? o.dtype : fmt::format("{} (routed experts {})", o.dtype, o.quantize);
+  std::string d = o.quantize == "none" ? o.dtype : fmt::format("{} (routed experts {})", o.dtype, o.quantize);
+  if (o.quantize_linears != "none") d += fmt::format(" (attention and lm_head {})", o.quantize_linears);
+  return d;
 }
 
 void add_common(CLI::App* cmd, CommonOpts& o) {
@@ -46,6 +48,14 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
                   "docs/PERF_QUANT.md")
       ->check(CLI::IsMember({int64_t{32}, int64_t{64}, int64_t{128}}))
       ->capture_default_str();
+  cmd->add_option("--quantize-linears", o.quantize_linears,
+                  "Quantise the attention projections (q/k/v/o; MLA q_a/q_b/kv_a/o) and lm_head at load: w8a8 = "
+                  "int8 weights with per-output-channel scales (absmax/127) and per-token dynamic int8 inputs, as "
+                  "--quantize w8a8 does for the experts. Attention and lm_head are half the bytes a decode step "
+                  "reads in a 4-layer Qwen3-30B-A3B-shaped model, so with quantised experts they set the pace. The "
+                  "attention itself (scores, softmax, KV cache), norms, router and embedding stay f32/--dtype")
+      ->check(CLI::IsMember({"none", "w8a8"}))
+      ->capture_default_str();
   cmd->add_option("--max-seq-len", o.max_seq_len,
                   "Positions per sequence in the KV cache, allocated up front (default: the longest prompt plus "
                   "--max-new-tokens); a request that does not fit is an error")
@@ -63,8 +73,10 @@ Loaded load(const CommonOpts& o, int64_t max_new, bool count_experts, const std:
     std::string ids;
     for (const auto& p : L.prompts) ids += fmt::format("{};", fmt::join(p, ","));
     check_same_on_all_ranks(*L.world,
-                            {{"flags", fmt::format("--model {} --dtype {} --quantize {} --int4-group {} --max-seq-len {} {} {}",
-                                                   o.model_dir, o.dtype, o.quantize, o.int4_group, o.max_seq_len,
+                            {{"flags", fmt::format("--model {} --dtype {} --quantize {} --int4-group {} --quantize-linears {} "
+                                                   "--max-seq-len {} {} {}",
+                                                   o.model_dir, o.dtype, o.quantize, o.int4_group, o.quantize_linears,
+                                                   o.max_seq_len,
                                                    o.parallel.flags_string(), extra_flags)},
                                        {"prompts", ids}});
   }
@@ -75,6 +87,7 @@ Loaded load(const CommonOpts& o, int64_t max_new, bool count_experts, const std:
   mo.quantize_w8a8 = o.quantize == "w8a8";
   mo.quantize_w4a8 = o.quantize == "w4a8";
   mo.int4_group = o.int4_group;
+  mo.quantize_linears = o.quantize_linears == "w8a8";
   mo.max_seq = o.max_seq_len > 0 ? o.max_seq_len : std::max<int64_t>(1, longest + max_new);
   mo.n_slots = static_cast<int64_t>((L.prompts.size() + o.parallel.par.dp - 1) / o.parallel.par.dp);
   mo.world = L.world;

@@ -19,6 +19,7 @@ namespace moe {
 struct CommonOpts {
   std::string model_dir, prompt_ids, dtype = "f32", quantize = "none";
   int64_t int4_group = 32;  // --int4-group, with --quantize w4a8
+  std::string quantize_linears = "none";  // --quantize-linears: none or w8a8
   int64_t max_seq_len = 0;
   ParallelOptions parallel;
 };

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "kernels/quant.h"
 
 namespace moe {
 
@@ -49,7 +50,22 @@ void linear_forward(const Linear& l, const float* x, int64_t T, float* y, Linear
   if (ldy == 0) ldy = N;
   const void* a = x;
   int64_t lda = ldx;
-  if (l.w.dtype != DType::F32) {
+  if (l.w.dtype == DType::I8) {
+    // W8A8: each row quantised with its own absmax (per-token dynamic scale) into Q8 rows.
+    const int64_t rb = q8_row_bytes(K);
+    if (!s.a.defined() || s.a.dtype() != DType::I8 || s.a.numel() < T * rb) s.a = Tensor::empty({T * rb}, DType::I8);
+    QuantizeRowsParams q;
+    q.x = x;
+    q.x_dtype = DType::F32;
+    q.ldx = ldx;
+    q.rows = T;
+    q.k = K;
+    q.dst = s.a.raw();
+    q.ld_dst = rb;
+    quantize_rows_q8(q);
+    a = s.a.raw();
+    lda = rb;
+  } else if (l.w.dtype != DType::F32) {
     if (!s.a.defined() || s.a.dtype() != l.w.dtype || s.a.numel() < T * K) s.a = Tensor::empty({T * K}, l.w.dtype);
     for (int64_t t = 0; t < T; ++t)
       convert_from_f32(x + t * ldx, static_cast<char*>(s.a.raw()) + t * K * dtype_size(l.w.dtype), l.w.dtype, K);

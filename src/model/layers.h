@@ -59,7 +59,9 @@ TensorRead norm_read(const std::string& prefix, int64_t n, int64_t layer = -1);
 Tensor load_f32(const Checkpoint& ck, const TensorRead& r);
 
 struct Linear {
-  PackedExperts w;  // 1 x [out_local, in_local], compute dtype (f32 or bf16)
+  // 1 x [out_local, in_local]: the compute dtype (f32 or bf16), or I8 (W8A8: weights
+  // quantised per output channel at load, inputs per token in linear_forward).
+  PackedExperts w;
   Tensor bias;      // f32 [out_local], or undefined
   int64_t n_out() const { return w.n; }
   int64_t n_in() const { return w.k; }
@@ -69,7 +71,7 @@ Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute);
 // Packs an f32 [out, in] matrix (tests, tied lm_head).
 Linear make_linear(const Tensor& w_f32, DType compute, const Tensor& bias = {});
 
-// Grows-only scratch for the bf16 copy of a projection's input. Not thread-safe.
+// Grows-only scratch for the bf16 copy (or the Q8 rows) of a projection's input. Not thread-safe.
 struct LinearScratch {
   Tensor a;
 };

@@ -89,10 +89,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   // The weights outside the MLP blocks, as model/weights.h describes them.
   m->embed_ = load_sharded(ck, embed_read(c));  // a view of the mapping: rows are converted per token
   m->final_norm_ = load_f32(ck, final_norm_read(c));
+  const DType linear_dt = opt.quantize_linears ? DType::I8 : opt.dtype;
   if (const auto lm = lm_head_read(c))
-    m->lm_head_ = load_linear(ck, *lm, opt.dtype);
+    m->lm_head_ = load_linear(ck, *lm, linear_dt);
   else  // tie_word_embeddings
-    m->lm_head_ = make_linear(m->embed_.to(DType::F32), opt.dtype);
+    m->lm_head_ = make_linear(m->embed_.to(DType::F32), linear_dt);
   m->rope_ = Rope(c.rope);
 
   const FamilyHooks& fam = find_family(c.model_type);
@@ -105,9 +106,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     L.post_norm = load_f32(ck, post_attn_norm_read(c, l));
     const AttentionKeys ak = fam.attention_keys(c, l);
     if (c.attention == AttentionKind::Mla)
-      L.mla = std::make_unique<MlaAttention>(ck, c, ak, opt.dtype, tp_rank, tp);
+      L.mla = std::make_unique<MlaAttention>(ck, c, ak, linear_dt, tp_rank, tp);
     else
-      L.gqa = std::make_unique<GqaAttention>(ck, c, ak, opt.dtype, tp_rank, tp);
+      L.gqa = std::make_unique<GqaAttention>(ck, c, ak, linear_dt, tp_rank, tp);
     if (!c.moe.is_moe_layer(l)) {
       L.dense = load_dense_mlp(ck, c.moe, l, opt.dtype);
       continue;

@@ -47,6 +47,13 @@ struct ModelOptions {
   // (MlpLoadOptions::quantize_w4a8); everything else as for w8a8.
   bool quantize_w4a8 = false;
   int64_t int4_group = 32;
+  // --quantize-linears w8a8: the attention projections and lm_head become W8A8 int8
+  // (model/layers.h Linear: per-output-channel weight scales at load, per-token dynamic
+  // input scales). MLA's kv_b (absorbed into the attention) stays f32, unrounded, and the
+  // embedding stays in dtype.
+  // Attention is replicated or head-split per rank, so EP invariance is unaffected; under
+  // --tp a row-parallel projection (o_proj) quantises its input slice per rank.
+  bool quantize_linears = false;
   int64_t n_slots = 1;       // sequences the KV cache holds
   int64_t max_seq = 0;       // positions per sequence (0: max_position_embeddings)
   int64_t kv_block_size = 16;  // positions per KV block (model/kv_cache.h)
