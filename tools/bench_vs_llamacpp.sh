@@ -48,7 +48,9 @@
 #
 # Environment: R (rounds, 5), THREADS (2), PREFILL (512), DECODE (64), MOE_EP (moe-ep
 # binary, default build/moe-ep of this checkout), INT4_GROUP (--int4-group for w4a8;
-# unset: moe-ep's default), FLOOR (1), OUT (raw logs; default a new /tmp dir).
+# unset: moe-ep's default), LINEARS (--quantize-linears of the w8a8 and w4a8 modes: w8a8,
+# the default, quantises attention and lm_head too, as llama.cpp's Q8_0/Q4 files do;
+# none keeps them bf16), FLOOR (1), OUT (raw logs; default a new /tmp dir).
 set -euo pipefail
 
 usage() { sed -n '2,4p' "$0" >&2; exit 2; }
@@ -77,7 +79,9 @@ gguf_of() {  # ftype -> the one GGUF of that type in GGUF_DIR, or nothing
   [ ${#f[@]} -eq 1 ] || die "more than one *-$1.gguf in $GGUF_DIR: ${f[*]}"
   echo "${f[0]}"
 }
-moe_has() { "$MOE_EP" generate --help 2>&1 | grep -q "$1"; }
+# (Not `--help | grep -q`: grep quits at the first match, the help's writer gets SIGPIPE,
+# and under pipefail the test fails.)
+moe_has() { local h; h=$("$MOE_EP" generate --help 2>&1); [[ "$h" == *"$1"* ]]; }
 
 # Jobs: "moe MODE" or "llama FTYPE"; pairs: moe mode -> llama ftypes.
 declare -A PAIR=([bf16]="BF16" [w8a8]="Q8_0" [w4a8]="Q4_0 Q4_K_M")
@@ -99,10 +103,12 @@ print(",".join(str((17 + 104729 * j) % v) for j in range(n)))' "$PREFILL" "$VOCA
 
 INT4_ARGS=()
 [ -n "${INT4_GROUP:-}" ] && INT4_ARGS=(--int4-group "$INT4_GROUP")
+LINEARS=${LINEARS:-w8a8}
 moe_cmd() {  # MODE -> CMD, the moe-ep command line (the prompt ids in $IDS)
   local q=$1 extra=()
   [ "$q" = bf16 ] && q=none
   [ "$1" = w4a8 ] && extra=("${INT4_ARGS[@]}")
+  [ "$q" != none ] && [ "$LINEARS" != none ] && extra+=(--quantize-linears "$LINEARS")
   CMD=(env OMP_NUM_THREADS="$THREADS" "$MOE_EP" generate --model "$CKPT" --dtype bf16 --quantize "$q" "${extra[@]}"
        --prompt-ids "$IDS" --max-new-tokens $((DECODE + 1)) --ignore-eos --quiet)
 }
@@ -192,11 +198,12 @@ done
 echo "(\$IDS: $PREFILL prompt ids, id j = (17 + 104729 j) mod ($VOCAB - 256))"
 [[ " ${JOBS[*]} " == *" moe w4a8 "* ]] && echo "(w4a8's bytes per token counted with --int4-group ${W4_GROUP:-32})"
 echo
-python3 - "$RES" "$CKPT" "$GGUF_DIR" "$FLOOR" "${BW0:-0}" "${BW1:-0}" "$PREFILL" "$DECODE" "${W4_GROUP:-32}" <<'EOF'
+python3 - "$RES" "$CKPT" "$GGUF_DIR" "$FLOOR" "${BW0:-0}" "${BW1:-0}" "$PREFILL" "$DECODE" "${W4_GROUP:-32}" "$LINEARS" <<'EOF'
 import glob, json, os, statistics, struct, sys
 res, ckpt, gguf_dir, floor = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 bw = max(float(sys.argv[5] or 0), float(sys.argv[6] or 0))
 prefill, decode, w4_group = int(sys.argv[7]), int(sys.argv[8]), int(sys.argv[9])
+linears_q8 = sys.argv[10] == "w8a8"  # attention projections and lm_head int8 in the quantised modes
 vals = {}
 for line in open(res):
     r, eng, case, kind, tps = line.split("\t")
@@ -232,6 +239,8 @@ def moe_bytes(mode):
                 total += 2.0 * shape[-1]
             elif name.endswith("mlp.gate.weight"):
                 total += 4.0 * n  # router f32
+            elif linears_q8 and mode != "bf16" and len(shape) == 2:  # int8 + f32 scale per row
+                total += n + 4.0 * shape[0]
             else:
                 total += 2.0 * n
     return total + 4.0 * kv_elems  # KV f32
