@@ -89,23 +89,26 @@ void generic_block(const Job& j, const char* panel, const char* a0, float* tile)
   }
 }
 
-inline void generic_epilogue(const Job& j, const float* tile, int rows, char* c0, int64_t col0, int nv) {
-  for (int r = 0; r < rows; ++r) {
-    const float* t = tile + r * kPanel;
-    char* crow = c0 + r * j.ldc_bytes;
-    float out[kPanel];
-    if (j.gated) {
-      for (int c = 0; c < nv; ++c) out[c] = ActMath<ScalarOps>::gate(j.act, t[c]) * t[kGateCols + c];
-    } else {
-      for (int c = 0; c < nv; ++c) out[c] = t[c];
-    }
-    if (j.c_dtype == DType::F32) {
-      std::memcpy(reinterpret_cast<float*>(crow) + col0, out, nv * sizeof(float));
-    } else {
-      uint16_t* o = reinterpret_cast<uint16_t*>(crow) + col0;
-      for (int c = 0; c < nv; ++c) o[c] = g_f32_to_bf16(out[c]);
-    }
+// One row of f32 values t[64] (packed column order: gated = 32 gate then 32 up) ->
+// act(gate) * up or the plain values, stored as c_dtype into columns [col0, col0 + nv)
+// of crow. The scalar epilogue of every portable runner (float, int8, int4).
+inline void scalar_epilogue_row(const Job& j, const float* t, char* crow, int64_t col0, int nv) {
+  float out[kPanel];
+  if (j.gated) {
+    for (int c = 0; c < nv; ++c) out[c] = ActMath<ScalarOps>::gate(j.act, t[c]) * t[kGateCols + c];
+  } else {
+    for (int c = 0; c < nv; ++c) out[c] = t[c];
   }
+  if (j.c_dtype == DType::F32) {
+    std::memcpy(reinterpret_cast<float*>(crow) + col0, out, nv * sizeof(float));
+  } else {
+    uint16_t* o = reinterpret_cast<uint16_t*>(crow) + col0;
+    for (int c = 0; c < nv; ++c) o[c] = g_f32_to_bf16(out[c]);
+  }
+}
+
+inline void generic_epilogue(const Job& j, const float* tile, int rows, char* c0, int64_t col0, int nv) {
+  for (int r = 0; r < rows; ++r) scalar_epilogue_row(j, tile + r * kPanel, c0 + r * j.ldc_bytes, col0, nv);
 }
 
 template <class TA>

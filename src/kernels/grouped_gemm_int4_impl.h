@@ -47,19 +47,9 @@ inline void i4_group_sums(const int8_t* a, int64_t K, int64_t group, int64_t n_g
 // Epilogue of one row x one panel: acc[64] (packed column order) -> output columns
 // [col0, col0 + nv) of crow, exactly as W8A8's: t = acc * a_scale, then act(gate) * up.
 inline void i4_epilogue_row(const Job& j, const float* acc, float a_scale, char* crow, int64_t col0, int nv) {
-  float t[kPanel], out[kPanel];
+  float t[kPanel];
   for (int c = 0; c < kPanel; ++c) t[c] = acc[c] * a_scale;
-  if (j.gated) {
-    for (int c = 0; c < nv; ++c) out[c] = ActMath<ScalarOps>::gate(j.act, t[c]) * t[kGateCols + c];
-  } else {
-    for (int c = 0; c < nv; ++c) out[c] = t[c];
-  }
-  if (j.c_dtype == DType::F32) {
-    std::memcpy(reinterpret_cast<float*>(crow) + col0, out, nv * sizeof(float));
-  } else {
-    uint16_t* o = reinterpret_cast<uint16_t*>(crow) + col0;
-    for (int c = 0; c < nv; ++c) o[c] = g_f32_to_bf16(out[c]);
-  }
+  scalar_epilogue_row(j, t, crow, col0, nv);
 }
 
 }  // namespace

@@ -124,19 +124,9 @@ inline void i8_epilogue_row(const Job& j, const int32_t* acc, float a_scale, con
     std::memcpy(reinterpret_cast<int32_t*>(crow) + col0, acc, nv * sizeof(int32_t));
     return;
   }
-  float t[kPanel], out[kPanel];
+  float t[kPanel];
   for (int c = 0; c < kPanel; ++c) t[c] = static_cast<float>(acc[c]) * a_scale * ws[c];
-  if (j.gated) {
-    for (int c = 0; c < nv; ++c) out[c] = ActMath<ScalarOps>::gate(j.act, t[c]) * t[kGateCols + c];
-  } else {
-    for (int c = 0; c < nv; ++c) out[c] = t[c];
-  }
-  if (j.c_dtype == DType::F32) {
-    std::memcpy(reinterpret_cast<float*>(crow) + col0, out, nv * sizeof(float));
-  } else {
-    uint16_t* o = reinterpret_cast<uint16_t*>(crow) + col0;
-    for (int c = 0; c < nv; ++c) o[c] = g_f32_to_bf16(out[c]);
-  }
+  scalar_epilogue_row(j, t, crow, col0, nv);
 }
 
 }  // namespace
