@@ -74,25 +74,5 @@ TEST(Probes, UnavailableProbeFailsInsteadOfZero) {
   }
 }
 
-// Frequency-independent expectation: an SSE mulps + addps pair does 8 flops and every
-// x86 core with FMA issues 2 FMAs per cycle (Zen 3, Skylake and later), so ymm FMA does
-// 32 flops/cycle against at most 16 for SSE mul+add (2 mul + 2 add pipes): about 2x;
-// at least 1.2x even when the machine is shared, at most 4x (ymm doubles the lanes, FMA
-// at most doubles the ops per instruction pair).
-TEST(Probes, Avx2FmaPeakAboveSseChain) {
-  if (hardware_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2 on this CPU";
-  IsaScope s(Isa::Avx2);
-  const double sse = peak_of(PeakProbe::F32Sse), fma = peak_of(PeakProbe::F32Avx2Fma);
-  const double i8 = peak_of(PeakProbe::I8Avx2Madd);
-  std::printf("[ probes ] 1 thread: sse mul+add %.1f GFLOP/s, avx2 fma %.1f GFLOP/s (%.2fx), avx2 int8 madd %.1f GOP/s\n",
-              sse, fma, fma / sse, i8);
-  EXPECT_GT(fma, 1.2 * sse);
-  EXPECT_LT(fma, 4.0 * sse);
-  // 64 ops per vpmaddubsw + vpmaddwd pair vs 32 flops per 2 FMAs: with the two integer
-  // multiplies on 1 or 2 pipes, the sequence does 1x-2x the ops per cycle of f32 FMA.
-  EXPECT_GT(i8, 0.7 * fma);
-  EXPECT_LT(i8, 3.0 * fma);
-}
-
 }  // namespace
 }  // namespace moe
