@@ -46,16 +46,19 @@ struct Avx2Ops {
   static V select_nonneg(V g, V a, V b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ)); }
 };
 
-// RNE f32 -> bf16 of 8 lanes, left in the low 16 bits of each 32-bit lane; bit-identical
-// to moe::f32_to_bf16 (quiet NaN kept a NaN).
-inline __m256i bf16_bits_avx2(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
+// f32 bits -> bf16 in the high half of each 32-bit lane, exactly as moe::f32_to_bf16:
+// NaN -> (u >> 16) | 0x40 (quiet), else u + 0x7fff + lsb (round to nearest even). Shared
+// with the AVX2 panel packer (pack_avx2.cpp).
+inline __m256i round_to_bf16_hi(__m256i u) {
+  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-  return _mm256_blendv_epi8(r, q, nan);
+  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  return _mm256_blendv_epi8(rounded, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), nan);
 }
+
+// The same, left in the low 16 bits of each lane (ready for packus).
+inline __m256i bf16_bits_avx2(__m256 v) { return _mm256_srli_epi32(round_to_bf16_hi(_mm256_castps_si256(v)), 16); }
 
 // One row of a finished f32 tile (64 packed columns: gated = 32 gate then 32 up) ->
 // act(gate) * up or the plain values, stored as c_dtype into the nv valid columns at col0.

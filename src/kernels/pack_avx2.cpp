@@ -15,6 +15,7 @@
 
 #include <algorithm>
 
+#include "kernels/grouped_gemm_avx2_common.h"
 #include "kernels/pack_impl.h"
 
 namespace moe::gg {
@@ -24,15 +25,6 @@ namespace {
 inline __m256i quiet_bf16(__m256i h) {
   const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x7f80));
   return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x40)));
-}
-
-// f32 bits -> bf16 in the high half of each lane, as f32_to_bf16 (NaN -> quiet).
-inline __m256i round_to_bf16_hi(__m256i u) {
-  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-  return _mm256_blendv_epi8(rounded, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), nan);
 }
 
 // The 8 packed words of steps [s0, s0 + 8) of one source row (all inside the row).
