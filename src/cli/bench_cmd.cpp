@@ -65,6 +65,12 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
       ->capture_default_str();
   cmd->add_option("--json", o.json_path, "Also write the results as a JSON list, one record per token count");
   cmd->add_flag("--skip-check", o.skip_check, "Do not check the output against the reference first");
+  cmd->add_option("--skew", o.skew,
+                  "zipf:S: skewed routing, the router prefers experts by a Zipf(S) popularity (a fixed random order "
+                  "of the experts; S = 0: uniform)");
+  cmd->add_flag("--eplb", o.eplb,
+                "Under mpirun: time the contiguous expert placement and EPLB's placement of the measured load "
+                "(with --redundant-experts R) side by side");
   add_parallel_options(cmd, o.parallel);
 }
 
@@ -203,7 +209,10 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
 
 int run_bench_cmd(const BenchOptions& o) {
   Communicator& world = parallel_world(o.parallel);
-  if (world.size() > 1) return run_bench_ep(o, world);
+  if (world.size() > 1) return o.eplb ? run_bench_eplb(o, world) : run_bench_ep(o, world);
+  MOE_CHECK(!o.eplb && o.skew.empty() && !o.parallel.eplb.any(),
+            "--eplb, --skew, --redundant-experts and --placement concern experts split over EP ranks: run under "
+            "mpirun with --ep > 1");
   const std::vector<std::string> dts = bench::dtype_list(o.dtype);
   nlohmann::json records = nlohmann::json::array();
   std::vector<std::map<int64_t, double>> ms(dts.size());

@@ -30,6 +30,12 @@ struct BenchOptions {
   double seconds = 2.0;  // time budget per token count
   std::string json_path;
   bool skip_check = false;
+  // --skew zipf:S: the router prefers experts by a Zipf(S) popularity (bench_common.h
+  // skew_router); empty or zipf:0: the plain random router.
+  std::string skew;
+  // --eplb (under mpirun): the contiguous placement against EPLB's placement of the
+  // measured load (with --redundant-experts), side by side (cli/bench_eplb.cpp).
+  bool eplb = false;
   ParallelOptions parallel;  // under mpirun: --ep/--tp/--moe-comm ...
 };
 
@@ -37,5 +43,6 @@ void add_bench_options(CLI::App* cmd, BenchOptions& opt);
 int run_bench_cmd(const BenchOptions& opt);
 // The expert-parallel benchmark (cli/bench_ep.cpp): run under mpirun with --ep.
 int run_bench_ep(const BenchOptions& opt, Communicator& world);
+int run_bench_eplb(const BenchOptions& opt, Communicator& world);
 
 }  // namespace moe

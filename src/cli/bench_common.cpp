@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "core/check.h"
 #include "kernels/grouped_gemm_int4.h"
@@ -226,6 +227,44 @@ MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, i
     w.shared = std::move(s);
   }
   return w;
+}
+
+double parse_skew(const std::string& s) {
+  if (s.empty()) return 0.0;
+  MOE_CHECK(s.rfind("zipf:", 0) == 0, "--skew '{}': expected zipf:S (e.g. zipf:1.2)", s);
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str() + 5, &end);
+  MOE_CHECK(end && *end == 0 && s.size() > 5 && std::isfinite(v) && v >= 0 && v <= 8,
+            "--skew '{}': S must be a number in [0, 8]", s);
+  return v;
+}
+
+void skew_router(const MoeConfig& cfg, MoeLayerWeights& w, double s) {
+  if (s <= 0) return;
+  const int64_t E = cfg.n_experts, H = cfg.hidden_size;
+  Tensor g = random_tensor({E, H}, 4.f / std::sqrt(float(H)), 1);  // random_layer's gate
+  std::vector<int64_t> order(E);
+  std::iota(order.begin(), order.end(), 0);
+  Rng r{0x5eed};
+  for (int64_t i = E - 1; i > 0; --i) std::swap(order[i], order[static_cast<int64_t>(r.next() % (i + 1))]);
+  constexpr double kBeta = 1.04;  // Gumbel scale with std 4/3: 4/3 * sqrt(6) / pi
+  float* p = g.data<float>();
+  for (int64_t rank = 0; rank < E; ++rank) {
+    const int64_t e = order[rank];
+    double mean = 0;
+    for (int64_t h = 0; h < H; ++h) mean += p[e * H + h];
+    mean /= H;
+    const double b = -s * kBeta * std::log(double(rank) + 1.0);
+    for (int64_t h = 0; h < H; ++h) p[e * H + h] = static_cast<float>(p[e * H + h] - mean + b / (H * kSkewOffset));
+  }
+  w.gate = make_packed_experts(1, E, H, DType::F32, false);
+  pack_expert(w.gate, 0, g);
+}
+
+void skew_inputs(Tensor& x) {
+  MOE_CHECK(x.dtype() == DType::F32 && x.is_contiguous(), "skew_inputs: f32 inputs");
+  float* p = x.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] += kSkewOffset;
 }
 
 std::string check_sample(const MoeConfig& cfg, const MoeLayerWeights& w, const Tensor& x, const Tensor& y, DType dtype,

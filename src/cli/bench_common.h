@@ -49,6 +49,20 @@ DType bench_dtype(const std::string& name, int64_t group, int64_t* int4_group);
 // int4 scales and zero points.
 size_t expert_read_bytes(const MoeLayerWeights& w);
 
+// --skew zipf:S -> S (>= 0); empty -> 0. Errors name the flag.
+double parse_skew(const std::string& s);
+// Skewed routing for the benches: the router gets a per-expert logit offset
+// b_e = -S * beta * ln(rank_e + 1), rank_e a fixed random order of the experts; beta ~ 1
+// is the Gumbel scale matching the router's logit spread (std 4/3 for random_layer's
+// gate and random inputs), so that top-k choices follow p_e ~ (rank_e + 1)^-S
+// approximately. The offset rides on the inputs' mean: skew_inputs adds kSkewOffset to
+// every input value and skew_router makes gate row e = (row - its mean) + b_e / (H * offset),
+// so x . row_e = r . (row_e - mean) + b_e (1 + sum(r) / (H * offset)). Call on the layer
+// random_layer built (every rank the same gate).
+inline constexpr float kSkewOffset = 0.25f;
+void skew_router(const MoeConfig& cfg, MoeLayerWeights& w, double s);
+void skew_inputs(Tensor& x);
+
 // Compares y [n, H] against moe_reference on x [n, H] (experts rebuilt from their
 // seeds). Returns "ok (...)" or "FAILED (...)"; *ok tells which.
 std::string check_sample(const MoeConfig& cfg, const MoeLayerWeights& w, const Tensor& x, const Tensor& y, DType dtype,

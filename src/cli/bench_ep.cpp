@@ -17,6 +17,8 @@
 #include "core/check.h"
 #include "core/threads.h"
 #include "moe/ep_layer.h"
+#include "moe/placement_file.h"
+#include "moe/slot_weights.h"
 
 namespace moe {
 
@@ -94,16 +96,22 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
   const ParallelConfig& par = o.parallel.par;
   const int R = world.size(), rank = world.rank();
   ParallelGroups groups(world, par);
-  const Placement pl = Placement::contiguous(cfg.n_experts, par.ep, par.tp);
+  MOE_CHECK(o.parallel.eplb.interval == 0, "bench times single calls: --eplb-interval applies to generate and serve");
+  const Placement pl = PlacementSource(o.parallel.eplb, cfg.n_experts, par.ep, par.tp,
+                                       static_cast<int>(cfg.routing.n_group), &world)
+                           .layer(0);
+  const double skew = bench::parse_skew(o.skew);
   const EpOptions eo = o.parallel.ep_options();
   const bool replicated = eo.comm == MoeComm::AllReduce;
   const int64_t H = cfg.hidden_size;
   const bool root = rank == 0;
 
   const double t_build = now_s();
-  EpMoeLayer layer(MoeLayer(cfg, bench::random_layer(cfg, dtype, pl.begin(groups.ep_rank()), pl.end(groups.ep_rank()),
-                                                     groups.tp_rank(), par.tp, int4_group)),
-                   world, pl, eo);
+  MoeLayerWeights w = load_slot_weights(pl, groups.ep_rank(), [&](int64_t b, int64_t e) {
+    return bench::random_layer(cfg, dtype, b, e, groups.tp_rank(), par.tp, int4_group);
+  });
+  bench::skew_router(cfg, w, skew);
+  EpMoeLayer layer(MoeLayer(cfg, std::move(w)), world, pl, eo);
   world.barrier();
   if (root)
     fmt::print(
@@ -122,8 +130,10 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
     // Each rank's own tokens (the same tokens everywhere for allreduce).
     constexpr int kPool = 8;
     std::vector<Tensor> inputs;
-    for (int i = 0; i < kPool; ++i)
+    for (int i = 0; i < kPool; ++i) {
       inputs.push_back(bench::random_tensor({T, H}, 1.f, 1000003ull * T + i + (replicated ? 0 : 7919ull * rank)));
+      if (skew > 0) bench::skew_inputs(inputs.back());
+    }
 
     std::string check = "skipped";
     if (!o.skip_check) {

@@ -18,6 +18,8 @@
 #include "loader/safetensors.h"
 #include "moe/config.h"
 #include "moe/ep_layer.h"
+#include "moe/placement_file.h"
+#include "moe/slot_weights.h"
 #include "moe/fused_moe.h"
 
 namespace moe {
@@ -79,6 +81,7 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
   double load_s = 0, run_s = 0;
   std::string how = "1 rank";
   if (R == 1) {
+    MOE_CHECK(!po.eplb.any(), "--redundant-experts, --placement and --eplb-interval need --ep > 1");
     std::optional<MoeLayer> moe_layer;
     std::optional<GatedMlpWeights> dense;
     MlpLoadOptions lo;
@@ -103,7 +106,11 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
   } else {
     MOE_CHECK(is_moe, "layer {} is a dense MLP: run it on one rank (expert parallelism applies to MoE layers)",
               opt.layer);
-    const Placement placement = Placement::contiguous(cfg.n_experts, po.par.ep, po.par.tp);
+    MOE_CHECK(po.eplb.interval == 0, "--eplb-interval rebalances between the steps of generate and serve; `layer` "
+                                      "runs one call (give it --placement or --redundant-experts)");
+    const PlacementSource placements(po.eplb, cfg.n_experts, po.par.ep, po.par.tp,
+                                     static_cast<int>(cfg.routing.n_group), &world);
+    const Placement placement = placements.layer(opt.layer);
     check_same_on_all_ranks(world, {{"config.json", ck.config().dump()},
                                     {"flags", fmt::format("--layer {} --dtype {}{} {}", opt.layer, dtype_name(opt.dtype),
                                                           opt.w8a8 ? " --quantize w8a8" : "", po.flags_string())},
@@ -112,15 +119,18 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
     ParallelGroups groups(world, po.par);
     MlpLoadOptions lo;
     lo.compute = opt.dtype;
-    lo.expert_begin = placement.begin(groups.ep_rank());
-    lo.expert_end = placement.end(groups.ep_rank());
     lo.tp_rank = groups.tp_rank();
     lo.tp_size = po.par.tp;
     lo.strict = opt.strict;
     lo.quantize_w8a8 = opt.w8a8;
     if (rank != 0) lo.warn = [](const std::string&) {};  // warn once, not once per rank
     EpOptions eo = po.ep_options();
-    EpMoeLayer ep(MoeLayer(cfg, load_moe_layer(ck, cfg, opt.layer, lo)), world, placement, eo);
+    MoeLayerWeights w = load_slot_weights(placement, groups.ep_rank(), [&](int64_t b, int64_t e) {
+      lo.expert_begin = b;
+      lo.expert_end = e;
+      return load_moe_layer(ck, cfg, opt.layer, lo);
+    });
+    EpMoeLayer ep(MoeLayer(cfg, std::move(w)), world, placement, eo);
     load_s = seconds_since(t0);
 
     const bool replicated = eo.comm == MoeComm::AllReduce;

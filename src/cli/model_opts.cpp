@@ -93,6 +93,8 @@ Loaded load(const CommonOpts& o, int64_t max_new, bool count_experts, const std:
   mo.world = L.world;
   mo.par = o.parallel.par;
   mo.ep = o.parallel.ep_options();
+  mo.eplb = o.parallel.eplb;
+  if (L.world->rank() == 0) mo.eplb.log = [](const std::string& s) { fmt::print(stderr, "{}\n", s); };
   mo.count_experts = count_experts;
   if (tweak) tweak(mo);
   L.model = Model::load(o.model_dir, mo);

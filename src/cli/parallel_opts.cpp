@@ -45,6 +45,28 @@ void add_parallel_options(CLI::App* cmd, ParallelOptions& o) {
                   "Seconds any rank may wait in one collective before the job is aborted with an error")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--redundant-experts", o.eplb.redundant,
+                  "Extra expert slots over the EP ranks (replicas of hot experts; experts + R must divide by --ep); "
+                  "placed by EPLB on a uniform load until --eplb-interval rebalances them")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--placement", o.eplb.placement_file,
+                  "JSON file of expert slots per EP rank and MoE layer (as `moe-ep eplb` writes it)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--eplb-interval", o.eplb.interval,
+                  "Rebalance the expert slots every this many steps from the routed-token counts (0: never); the "
+                  "all-to-all strategies' output stays bitwise the same")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--eplb-window", o.eplb.window,
+                  "Steps of expert load statistics a rebalance uses (0: the last --eplb-interval steps)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--eplb-nodes", o.eplb.nodes,
+                  "Hosts the EP ranks span (blocks of consecutive ranks): EPLB keeps expert groups inside a host "
+                  "when the router's groups divide by it")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 }
 
 EpOptions ParallelOptions::ep_options() const {
@@ -57,8 +79,11 @@ EpOptions ParallelOptions::ep_options() const {
 }
 
 std::string ParallelOptions::flags_string() const {
-  return fmt::format("{} --moe-comm {} --max-tokens-per-rank {} --moe-chunk-tokens {}{}", to_string(par), moe_comm,
-                     max_tokens_per_rank, chunk_tokens, no_overlap ? " --no-overlap" : "");
+  return fmt::format(
+      "{} --moe-comm {} --max-tokens-per-rank {} --moe-chunk-tokens {}{} --redundant-experts {} --placement '{}' "
+      "--eplb-interval {} --eplb-window {} --eplb-nodes {}",
+      to_string(par), moe_comm, max_tokens_per_rank, chunk_tokens, no_overlap ? " --no-overlap" : "", eplb.redundant,
+      eplb.placement_file, eplb.interval, eplb.window, eplb.nodes);
 }
 
 Communicator& parallel_world(const ParallelOptions& o) {

@@ -1,6 +1,6 @@
 // The flags of expert parallelism, shared by every verb that runs MoE layers:
 // --ep --tp --dp --moe-comm --max-tokens-per-rank --moe-chunk-tokens --no-overlap
-// --comm-timeout.
+// --comm-timeout, and those of expert placement and load balancing.
 #pragma once
 
 #include <memory>
@@ -11,6 +11,7 @@
 #include "comm/communicator.h"
 #include "comm/groups.h"
 #include "moe/ep_layer.h"
+#include "moe/eplb.h"
 
 namespace CLI {
 class App;
@@ -25,6 +26,8 @@ struct ParallelOptions {
   int64_t chunk_tokens = 0;
   bool no_overlap = false;
   double comm_timeout = 300;
+  // --redundant-experts --placement --eplb-interval --eplb-window --eplb-nodes
+  EplbOptions eplb;
 
   EpOptions ep_options() const;
   std::string flags_string() const;  // for the cross-rank consistency check

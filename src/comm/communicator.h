@@ -68,6 +68,20 @@ class Communicator {
                                                      const std::vector<size_t>& recv_bytes,
                                                      const std::vector<size_t>& recv_offsets) = 0;
 
+  // Point-to-point, started together and completed together: every send goes to
+  // sends[i].rank, every receive comes from recvs[i].rank (exactly bytes bytes), all
+  // with `tag`. Between one pair of ranks messages of one tag match in posting order,
+  // so both sides must post them in the same order. Used to move expert weights
+  // (online load balancing) while the step loop goes on; collectives never match
+  // these messages. A message to or from this rank itself is a copy.
+  struct Message {
+    int rank = 0;
+    void* buf = nullptr;  // a send reads it, a receive writes it
+    size_t bytes = 0;
+  };
+  virtual std::unique_ptr<CommRequest> isend_recv(const std::vector<Message>& sends,
+                                                  const std::vector<Message>& recvs, int tag) = 0;
+
   // A sub-communicator of the ranks passing the same color, ordered by key.
   // Collective over this communicator.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;

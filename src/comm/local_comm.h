@@ -30,6 +30,8 @@ class LocalComm final : public Communicator {
                                              const std::vector<size_t>& send_offsets, void* recv,
                                              const std::vector<size_t>& recv_bytes,
                                              const std::vector<size_t>& recv_offsets) override;
+  std::unique_ptr<CommRequest> isend_recv(const std::vector<Message>& sends, const std::vector<Message>& recvs,
+                                          int tag) override;
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
   [[noreturn]] void abort_all(const std::string& why) override;
 

@@ -435,6 +435,27 @@ std::unique_ptr<CommRequest> MpiComm::iall_to_all_v(const void* send, const std:
   return r;
 }
 
+std::unique_ptr<CommRequest> MpiComm::isend_recv(const std::vector<Message>& sends, const std::vector<Message>& recvs,
+                                                int tag) {
+  auto r = std::make_unique<MpiRequest>(*this, "isend_recv");
+  // Receives first, so a message finds its buffer posted (no unexpected-message copy).
+  for (int pass = 0; pass < 2; ++pass)
+    for (const Message& m : pass == 0 ? recvs : sends) {
+      MOE_CHECK(m.rank >= 0 && m.rank < size_, "isend_recv on communicator '{}': rank {} outside [0, {})", name_,
+                m.rank, size_);
+      MOE_CHECK(m.bytes <= static_cast<size_t>(g_count_limit),
+                "isend_recv on communicator '{}': a message of {} bytes is above the {} of one MPI call", name_,
+                m.bytes, g_count_limit);
+      MPI_Request q;
+      const int rc = pass == 0 ? MPI_Irecv(m.buf, to_int(m.bytes), MPI_BYTE, m.rank, tag, comm_, &q)
+                               : MPI_Isend(m.buf, to_int(m.bytes), MPI_BYTE, m.rank, tag, comm_, &q);
+      if (rc != MPI_SUCCESS) r->forget();
+      check(rc, "isend_recv");
+      r->reqs.push_back(q);
+    }
+  return r;
+}
+
 std::unique_ptr<Communicator> MpiComm::split(int color, int key, const std::string& name) {
   MOE_CHECK(color >= 0, "split of communicator '{}' into '{}': color must be >= 0, got {}", name_, name, color);
   // MPI_Comm_split blocks without a bound; a bounded barrier first makes sure every

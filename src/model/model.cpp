@@ -14,6 +14,8 @@
 #include "model/registry.h"
 #include "model/weights.h"
 #include "moe/placement.h"
+#include "moe/placement_file.h"
+#include "moe/slot_weights.h"
 
 namespace moe {
 
@@ -97,7 +99,14 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   m->rope_ = Rope(c.rope);
 
   const FamilyHooks& fam = find_family(c.model_type);
-  const Placement placement = Placement::contiguous(c.moe.n_experts, multi ? opt.par.ep : 1, multi ? tp : 1);
+  const EplbOptions& eo = opt.eplb;
+  const PlacementSource placements(eo, c.moe.n_experts, multi ? opt.par.ep : 1, multi ? tp : 1,
+                                   static_cast<int>(c.moe.routing.n_group), opt.world);
+  for (const int64_t l : placements.file_layers())
+    MOE_CHECK(l < c.n_layers && c.moe.is_moe_layer(l),
+              "placement file '{}' places experts of layer {}, which is not a MoE layer of this model",
+              eo.placement_file, l);
+  m->one_rank_placement_ = Placement::contiguous(c.moe.n_experts, 1, 1);
   m->layers_.resize(c.n_layers);
   m->expert_load_.assign(c.n_layers, {});
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -123,12 +132,22 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     if (!multi) {
       L.moe = std::make_unique<MoeLayer>(c.moe, weights());
     } else {
-      lo.expert_begin = placement.begin(m->groups_->ep_rank());
-      lo.expert_end = placement.end(m->groups_->ep_rank());
+      Placement placement = placements.layer(l);
       lo.tp_rank = tp_rank;
       lo.tp_size = tp;
-      L.ep_moe = std::make_unique<EpMoeLayer>(MoeLayer(c.moe, weights()), *opt.world, placement, opt.ep);
+      MoeLayerWeights w = load_slot_weights(placement, m->groups_->ep_rank(), [&](int64_t b, int64_t e) {
+        lo.expert_begin = b;
+        lo.expert_end = e;
+        return weights();
+      });
+      L.ep_moe = std::make_unique<EpMoeLayer>(MoeLayer(c.moe, std::move(w)), *opt.world, std::move(placement), opt.ep);
     }
+  }
+  if (eo.interval > 0) {
+    m->opt_.count_experts = true;
+    std::vector<EpMoeLayer*> eps;
+    for (DecoderLayer& L : m->layers_) eps.push_back(L.ep_moe.get());
+    m->eplb_ = std::make_unique<OnlineEplb>(eo, placements.params(), *opt.world, std::move(eps), m->expert_load_);
   }
 
   // KV cache, sized once.
@@ -182,8 +201,8 @@ void Model::mlp(DecoderLayer& L, int64_t l, const Tensor& x, float* y) {
   const bool count = opt_.count_experts && T > 0;
   if (count && !routes_all_x) {
     Routing r;
+    local.count_routed(expert_load_[l].data());
     local.route(x, r);
-    for (int32_t e : r.ids) ++expert_load_[l][e];
   }
   local.count_routed(count && routes_all_x ? expert_load_[l].data() : nullptr);
   if (L.moe) {
@@ -269,7 +288,18 @@ Tensor Model::forward(const StepBatch& b) {
     rms_norm(hp + b.logit_rows[i] * H, final_norm_.data<float>(), 1, H, cfg_.rms_eps, last.data<float>() + i * H);
   Tensor logits = Tensor::empty({n, V}, DType::F32);
   linear_forward(lm_head_, last.data<float>(), n, logits.data<float>(), lin_s_);
+  if (eplb_) eplb_->after_step(expert_load_);
   return logits;
+}
+
+void Model::reset_expert_load() {
+  for (auto& row : expert_load_) std::fill(row.begin(), row.end(), 0);
+  if (eplb_) eplb_->counters_reset(expert_load_);
+}
+
+const Placement& Model::placement(int64_t l) const {
+  MOE_CHECK(l >= 0 && l < cfg_.n_layers && cfg_.moe.is_moe_layer(l), "layer {} is not a MoE layer", l);
+  return layers_[l].ep_moe ? layers_[l].ep_moe->placement() : one_rank_placement_;
 }
 
 }  // namespace moe

@@ -30,6 +30,8 @@
 #include "model/kv_cache.h"
 #include "model/model_config.h"
 #include "moe/ep_layer.h"
+#include "moe/eplb.h"
+#include "moe/eplb_online.h"
 #include "moe/fused_moe.h"
 
 namespace moe {
@@ -66,6 +68,9 @@ struct ModelOptions {
   Communicator* world = nullptr;  // nullptr or size 1: one rank; must outlive the model
   ParallelConfig par;
   EpOptions ep;
+  // Expert placement and load balancing under --ep > 1 (moe/eplb.h): redundant slots,
+  // a placement file, online rebalancing. Rebalancing turns count_experts on.
+  EplbOptions eplb;
   // Keep per-layer expert load counts, from the layers' own routing (no extra router
   // GEMM, except under --ep with replicated attention and a sequence-parallel strategy).
   bool count_experts = false;
@@ -99,9 +104,15 @@ class Model {
   KvCache& cache() { return cache_; }
   // Tokens routed to each expert so far, [n_layers][E] (empty rows for dense layers),
   // counted on this rank's tokens (ModelOptions::count_experts).
-  std::vector<std::vector<int64_t>>& expert_load() { return expert_load_; }
+  const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
+  // Zeroes those counts (and the rebalancing window, which reads them).
+  void reset_expert_load();
   // The EP statistics of the last forward(), summed over its MoE layers (zero on one rank).
   EpStats ep_stats() const;
+  // The placement of MoE layer l's experts (contiguous blocks on one rank), and what
+  // online rebalancing did (nullptr without --eplb-interval).
+  const Placement& placement(int64_t l) const;
+  const EplbReport* eplb_report() const { return eplb_ ? &eplb_->report() : nullptr; }
   // Turns the expert load counting of ModelOptions::count_experts on or off.
   void set_count_experts(bool on) { opt_.count_experts = on; }
 
@@ -129,6 +140,8 @@ class Model {
   Rope rope_;  // positions -> cos/sin tables (all layers share one RoPE)
   KvCache cache_;
   std::vector<std::vector<int64_t>> expert_load_;
+  std::unique_ptr<OnlineEplb> eplb_;
+  Placement one_rank_placement_;  // placement() of one-rank layers (contiguous)
   // Scratch, grown as needed. step_*: f32 [T, H] of the last forward() (residual
   // stream, normed input, layer output) and [logit rows, H]; see step_buffer().
   Tensor step_h_, step_xn_, step_tmp_, step_last_;

@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "moe/dispatch/common.h"
+#include "moe/rebalance.h"
 
 namespace moe {
 
@@ -37,14 +38,23 @@ EpMoeLayer::EpMoeLayer(MoeLayer layer, Communicator& world, Placement placement,
   const int ep_rank = world_.rank() / placement_.tp();
   MOE_CHECK(layer_.weights().expert_begin == placement_.begin(ep_rank) &&
                 layer_.weights().expert_end == placement_.end(ep_rank),
-            "rank {} holds experts [{}, {}) but the placement gives it [{}, {})", world_.rank(),
+            "rank {} holds expert slots [{}, {}) but the placement gives it [{}, {})", world_.rank(),
             layer_.weights().expert_begin, layer_.weights().expert_end, placement_.begin(ep_rank),
             placement_.end(ep_rank));
   MOE_CHECK(opt_.max_tokens_per_rank >= 1, "--max-tokens-per-rank must be at least 1");
   MOE_CHECK(opt_.chunk_tokens >= 0, "--moe-chunk-tokens must not be negative");
+  attach_placement();
 }
 
 EpMoeLayer::~EpMoeLayer() = default;
+
+void EpMoeLayer::attach_placement() {
+  // allreduce: every rank routes the same tokens and must pick the same replicas, so
+  // the salt is the token index alone; the other strategies route each rank's own
+  // tokens, and the rank offset spreads the ranks' first tokens over the replicas.
+  const int64_t salt = opt_.comm == MoeComm::AllReduce ? 0 : world_.rank();
+  layer_.set_placement(&placement_, salt);
+}
 
 MoeComm EpMoeLayer::resolve(int64_t max_tokens) const {
   if (opt_.comm != MoeComm::Auto) return opt_.comm;

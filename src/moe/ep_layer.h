@@ -53,6 +53,7 @@ struct EpStats {
   double bytes_sent = 0;   // payload bytes this rank sent (both directions)
   double dispatch_bytes = 0;  // of bytes_sent: the dispatch direction (alltoall, alltoall-ll)
   int64_t rounds = 0;
+  int64_t rows = 0;  // (token, expert) rows this rank's expert slots computed
   MoeComm used = MoeComm::Auto;
   void reset() { *this = EpStats{}; }
 };
@@ -65,13 +66,36 @@ class MoeStrategy {
   virtual void forward(const Tensor& x, float* y, EpStats& stats) = 0;
 };
 
+// What one online rebalance moved (EpMoeLayer::begin_rebalance / finish_rebalance).
+struct RebalanceStats {
+  int64_t slots_received = 0;  // slots this rank got from another rank
+  int64_t slots_copied = 0;    // slots it already held (copied locally)
+  double bytes_sent = 0, bytes_received = 0;
+  double begin_s = 0;  // begin_rebalance: allocation, local copies, posting the messages
+  double finish_s = 0;  // finish_rebalance: the wait for what was still in flight, the switch
+};
+
 class EpMoeLayer {
  public:
-  // `layer` holds this rank's experts (placement.begin..end of its EP rank, and
+  // `layer` holds this rank's expert slots (placement.begin..end of its EP rank, and
   // under MoE-TP its slice of I) plus the full gate and shared experts.
   // `world` must outlive this object.
   EpMoeLayer(MoeLayer layer, Communicator& world, Placement placement, EpOptions opt);
   ~EpMoeLayer();
+
+  // Online rebalancing, in two phases so that steps keep running on the current slots
+  // while the weights that change owner travel (double-buffered):
+  //  begin_rebalance allocates this rank's slots under `next`, copies the experts it
+  //    already holds, and posts point-to-point messages for the others (a slot of
+  //    expert e that this rank lacks comes from the holder of e's replica
+  //    (dst EP rank mod replicas) under the current placement, between the same MoE-TP
+  //    ranks). OpenMPI moves them during the MPI calls of the steps that follow.
+  //  finish_rebalance waits for what is still in flight and switches to `next`.
+  // Every rank must call both with the same `next`, at the same steps. The output of
+  // the all-to-all strategies stays bitwise the same: the slots hold byte copies.
+  void begin_rebalance(Placement next);
+  bool rebalance_pending() const;
+  RebalanceStats finish_rebalance();
 
   Tensor forward(const Tensor& x);
   // Every rank holds the same x [T, H] and gets the same y (replicated or TP
@@ -90,6 +114,8 @@ class EpMoeLayer {
 
  private:
   MoeStrategy& strategy(MoeComm c);
+  void attach_placement();
+  struct Pending;
 
   MoeLayer layer_;
   Communicator& world_;
@@ -97,6 +123,7 @@ class EpMoeLayer {
   EpOptions opt_;
   EpStats stats_;
   std::unique_ptr<MoeStrategy> strategies_[4];
+  std::unique_ptr<Pending> pending_;
 };
 
 // Factories (moe/dispatch/*.cpp).

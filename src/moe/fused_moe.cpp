@@ -1,4 +1,5 @@
 #include "moe/fused_moe.h"
+#include "moe/placement.h"
 
 #include <cmath>
 
@@ -114,8 +115,11 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, MoeLayerWeights weights) : cfg_(cfg), w
   const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size, E = cfg_.n_experts;
   MOE_CHECK(w_.gate.n_experts == 1 && w_.gate.n == E && w_.gate.k == H && w_.gate.dtype == DType::F32,
             "router gate must be f32 [{}, {}]", E, H);
-  MOE_CHECK(0 <= w_.expert_begin && w_.expert_begin <= w_.expert_end && w_.expert_end <= E,
-            "expert range [{}, {}) outside [0, {})", w_.expert_begin, w_.expert_end, E);
+  const int64_t P = n_slots();
+  MOE_CHECK(0 <= w_.expert_begin && w_.expert_begin <= w_.expert_end && w_.expert_end <= P,
+            "expert range [{}, {}) outside [0, {})", w_.expert_begin, w_.expert_end, P);
+  for (const int32_t e : w_.slot_expert)
+    MOE_CHECK(0 <= e && e < E, "expert slot names expert {}, outside [0, {})", e, E);
   // Under MoE-TP a rank holds I_l = I / tp intermediate rows of each expert.
   const int64_t Il = w_.w13.n / 2;
   MOE_CHECK(Il > 0 && I % Il == 0 && w_.w13.n_experts == w_.n_local() && w_.w13.k == H && w_.w13.gated,
@@ -133,12 +137,12 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, MoeLayerWeights weights) : cfg_(cfg), w
               "W8A8: the smooth vectors of all {} routed experts ([{}, {}] f32) are needed on every rank, got {}", E,
               E, H, w_.smooth_all.defined() ? w_.smooth_all.describe() : std::string("none"));
     for (int64_t e = w_.expert_begin; e < w_.expert_end; ++e) {
-      const float* a = w_.smooth_all.data<float>() + e * H;
+      const float* a = w_.smooth_all.data<float>() + w_.logical(e) * H;
       const bool own = w_.w13.smooth.defined();
       for (int64_t h = 0; h < H; ++h)
         MOE_CHECK((own ? w_.w13.smooth.data<float>()[(e - w_.expert_begin) * H + h] : 1.0f) == a[h],
                   "W8A8: expert {}'s smooth vector differs between its weights and the table of all experts (at {})",
-                  e, h);
+                  w_.logical(e), h);
     }
     const float* s0 = w_.smooth_all.data<float>();
     for (int64_t i = 0; i < E * H && smooth_uniform_; ++i) smooth_uniform_ = s0[i] == s0[i % H];
@@ -160,14 +164,25 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, MoeLayerWeights weights) : cfg_(cfg), w
       MOE_CHECK(std::isfinite(all[e]) && all[e] > 0.0f, "W8A8: static GEMM1 activation scale of expert {} is {}", e,
                 all[e]);
     for (int64_t e = w_.expert_begin; e < w_.expert_end; ++e)
-      MOE_CHECK(w_.w13.act_scale.data<float>()[e - w_.expert_begin] == all[e],
-                "W8A8: expert {}'s static GEMM1 activation scale differs between its weights and act_scale_all", e);
+      MOE_CHECK(w_.w13.act_scale.data<float>()[e - w_.expert_begin] == all[w_.logical(e)],
+                "W8A8: expert {}'s static GEMM1 activation scale differs between its weights and act_scale_all",
+                w_.logical(e));
     for (int64_t e = 0; e < E && smooth_uniform_; ++e) smooth_uniform_ = all[e] == all[0];
   }
   if (w_.w2.act_scale.defined())
     for (int64_t e = 0; e < w_.n_local(); ++e)
       MOE_CHECK(w_.w2.act_scale.data<float>()[e] > 0.0f, "W8A8: static GEMM2 activation scale of expert {} not set",
-                w_.expert_begin + e);
+                w_.logical(w_.expert_begin + e));
+}
+
+void MoeLayer::set_placement(const Placement* p, int64_t salt_offset) {
+  if (p) {
+    MOE_CHECK(p->n_experts() == cfg_.n_experts && p->n_slots() == n_slots() &&
+                  (w_.slot_expert.empty() ? p->identity() : p->slot_experts() == w_.slot_expert),
+              "the layer's expert slots differ from its placement ({})", p->describe());
+  }
+  placement_ = p && !p->identity() ? p : nullptr;
+  salt_offset_ = salt_offset;
 }
 
 size_t MoeLayer::act_row_bytes() const {
@@ -177,6 +192,7 @@ size_t MoeLayer::act_row_bytes() const {
 
 void MoeLayer::quantize_for_expert(const void* x, DType dtype, int64_t e, void* dst) const {
   const int64_t H = cfg_.hidden_size;
+  e = w_.logical(e);
   const float* sm = w_.smooth_all.defined() ? w_.smooth_all.data<float>() + e * H : nullptr;
   const float* xf = static_cast<const float*>(x);
   thread_local std::vector<float> buf;
@@ -227,8 +243,11 @@ void MoeLayer::route(const Tensor& x, Routing& r) {
     moe::route(rp);
     if (load_counts_)
       for (const int32_t e : r.ids) ++load_counts_[e];
+    if (placement_)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < k; ++j) r.ids[t * k + j] = placement_->pick(r.ids[t * k + j], t + salt_offset_);
   }
-  gen_idx(r.ids.data(), T, k, E, r.index);
+  gen_idx(r.ids.data(), T, k, n_slots(), r.index);
 }
 
 void MoeLayer::shared_experts(const Tensor& x, float* y, bool accumulate) {
@@ -318,8 +337,8 @@ Tensor MoeLayer::forward(const Tensor& x) {
 void MoeLayer::forward(const Tensor& x, float* y) {
   MOE_CHECK(x.ndim() == 2 && x.dim(1) == cfg_.hidden_size && x.is_contiguous(),
             "MoE input 'hidden_states' has shape {}, expected [T, {}]", shape_str(x.shape()), cfg_.hidden_size);
-  MOE_CHECK(w_.expert_begin == 0 && w_.expert_end == cfg_.n_experts,
-            "single-rank forward needs all {} experts, this layer holds [{}, {})", cfg_.n_experts, w_.expert_begin,
+  MOE_CHECK(w_.expert_begin == 0 && w_.expert_end == n_slots(),
+            "single-rank forward needs all {} expert slots, this layer holds [{}, {})", n_slots(), w_.expert_begin,
             w_.expert_end);
   const int64_t T = x.dim(0), H = cfg_.hidden_size;
   if (T == 0) return;

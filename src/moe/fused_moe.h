@@ -34,9 +34,13 @@ struct GatedMlpWeights {
 struct MoeLayerWeights {
   PackedExperts gate;     // f32, 1 x [E, H]: router logits = x . gate^T
   Tensor correction_bias;  // f32 [E] (noaux_tc, ERNIE moe_statics) or undefined
-  int64_t expert_begin = 0;  // this rank holds routed experts [begin, end)
+  // This rank holds expert slots [begin, end). Without replicas (slot_expert empty)
+  // slot p is routed expert p; with them (moe/placement.h) slot p computes logical
+  // expert slot_expert[p], of all P slots of the layer.
+  int64_t expert_begin = 0;
   int64_t expert_end = 0;
-  PackedExperts w13;  // E_l x [2I, H]
+  std::vector<int32_t> slot_expert;  // [P] or empty (P = E)
+  PackedExperts w13;  // E_l x [2I, H], one per slot
   PackedExperts w2;   // E_l x [H, I]
   // W8A8 with smooth vectors: every routed expert's GEMM1 smooth vector, f32 [E, H], on
   // every rank (the dispatch sender quantises for the destination expert); rows
@@ -50,6 +54,10 @@ struct MoeLayerWeights {
   Tensor shared_gate;  // f32 [H] (Qwen2-MoE shared_expert_gate) or undefined
 
   int64_t n_local() const { return expert_end - expert_begin; }
+  int64_t n_slots(int64_t n_experts) const {
+    return slot_expert.empty() ? n_experts : static_cast<int64_t>(slot_expert.size());
+  }
+  int64_t logical(int64_t slot) const { return slot_expert.empty() ? slot : slot_expert[slot]; }
 };
 
 // Scratch buffers that grow to the largest call seen. Not thread-safe.
@@ -82,9 +90,11 @@ void run_gated_mlp(const GatedMlpWeights& w, const Tensor& x, float* y, MoeScrat
 // Routing result of T tokens.
 struct Routing {
   std::vector<float> weights;  // [T, k]
-  std::vector<int32_t> ids;    // [T, k] global expert ids
-  RouteIndex index;            // slots sorted by expert
+  std::vector<int32_t> ids;    // [T, k] expert slot ids (= expert ids without replicas)
+  RouteIndex index;            // (token, k) choices sorted by slot
 };
+
+class Placement;
 
 class MoeLayer {
  public:
@@ -103,11 +113,18 @@ class MoeLayer {
   bool smooth_uniform() const { return smooth_uniform_; }
   // W8A8: quantises row x [H] (f32, bf16 or f16 of `dtype`) for global expert e into
   // a Q8 row at dst (act_row_bytes() bytes), exactly as routed_partial's expand does
-  // (expert e's smooth vector and static scale, if any).
+  // (the smooth vector and static scale, if any, of slot e's expert).
   void quantize_for_expert(const void* x, DType dtype, int64_t e, void* dst) const;
 
-  // Gate + routing + gen_idx for x [T, H] (f32 or bf16). Adds the routed experts to the
-  // counts of count_routed(), if set.
+  // Slots of the layer (P): n_experts without replicas.
+  int64_t n_slots() const { return w_.n_slots(cfg_.n_experts); }
+  // With replicas: the layer's placement (its slot_experts() equal the weights'), and
+  // the salt offset of this rank's tokens (Placement::pick). route() then maps every
+  // choice to a slot. The placement must outlive the setting; nullptr: none.
+  void set_placement(const Placement* p, int64_t salt_offset);
+
+  // Gate + routing + gen_idx for x [T, H] (f32 or bf16). Adds the routed (logical)
+  // experts to the counts of count_routed(), if set, then maps choices to slots.
   void route(const Tensor& x, Routing& r);
   // From now on every route() adds each (token, slot)'s expert to counts[E] (nullptr:
   // stop). Expert load statistics (Model::expert_load) come from the routing the layer
@@ -139,6 +156,8 @@ class MoeLayer {
   bool smooth_uniform_ = true;
   Tensor shared_tmp_;          // [T, H] f32
   int64_t* load_counts_ = nullptr;  // [E], see count_routed()
+  const Placement* placement_ = nullptr;  // see set_placement()
+  int64_t salt_offset_ = 0;
   // Reused across calls so that a decode step allocates nothing here.
   Routing routing_;                       // forward()'s routing
   std::vector<int64_t> local_offsets_;    // routed_partial: [n_local + 1]

@@ -96,7 +96,7 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
   std::vector<Sequence> seqs = own_sequences(m, prompts);
   GenerateResult res;
   res.step_logits.assign(B, {});
-  for (auto& row : m.expert_load()) std::fill(row.begin(), row.end(), 0);
+  m.reset_expert_load();
   Communicator* world = m.world();
   Communicator* replica = m.replica();
 
@@ -110,7 +110,10 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
       if (replica->rank() != 0) active = 0;  // count each replica once
       world->all_reduce_sum(&active, 1);
     }
-    if (active == 0) break;
+    if (active == 0) {
+      res.steps = step;
+      break;
+    }
     const StepBatch b = prepare_step(run, false);
     const double t0 = now_s();
     const Tensor logits = m.forward(b);  // [run.size(), V]
@@ -162,6 +165,7 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
   }
   // Token counts and expert load summed over replicas (each replica counted once).
   res.expert_load = m.expert_load();
+  if (const EplbReport* r = m.eplb_report()) res.eplb = *r;
   if (world && world->size() > 1) {
     const bool lead = replica->rank() == 0;
     std::vector<float> v = {lead ? static_cast<float>(res.prefill_tokens) : 0.f,

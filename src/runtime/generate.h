@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -41,6 +42,8 @@ struct GenerateResult {
   int64_t prefill_tokens = 0, decode_tokens = 0, decode_steps = 0;  // summed over replicas
   // Tokens routed to each expert [layer][E], summed over replicas (when counted).
   std::vector<std::vector<int64_t>> expert_load;
+  int64_t steps = 0;  // forward steps the run took (every rank the same)
+  std::optional<EplbReport> eplb;  // --eplb-interval: what rebalancing did
 };
 
 GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opt);

@@ -20,7 +20,7 @@ class AllGather final : public MoeStrategy {
     MoeLayer& layer = ep_.local();
     Communicator& comm = ep_.comm();
     const int R = comm.size();
-    const int64_t T = x.dim(0), H = layer.config().hidden_size, k = layer.config().top_k, E = layer.config().n_experts;
+    const int64_t T = x.dim(0), H = layer.config().hidden_size, k = layer.config().top_k;
     // W8A8 layers quantise in routed_partial (per expert smooth): gather f32 rows.
     const DType ct = layer.quantized() ? DType::F32 : layer.compute_dtype();
     const size_t row_bytes = static_cast<size_t>(H) * dtype_size(ct);
@@ -74,8 +74,9 @@ class AllGather final : public MoeStrategy {
         std::memcpy(&all_.weights[t * k], r + k * 4, k * 4);
         std::memcpy(g + t * row_bytes, r + k * 8, row_bytes);
       }
-      gen_idx(all_.ids.data(), T_all, k, E, all_.index);
+      gen_idx(all_.ids.data(), T_all, k, layer.n_slots(), all_.index);
       partial_ = MoeScratch::ensure(partial_, T_all, H, DType::F32);
+      st.rows += all_.index.rows_in(layer.weights().expert_begin, layer.weights().expert_end);
       layer.routed_partial(gathered_.slice_rows(0, T_all * H).reshape({T_all, H}), all_, partial_.data<float>());
     }
     {

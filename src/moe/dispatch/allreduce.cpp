@@ -21,6 +21,7 @@ class AllReduce final : public MoeStrategy {
     {
       ScopedTimer timer(st.compute_s);
       layer.route(x, routing_);
+      st.rows += routing_.index.rows_in(layer.weights().expert_begin, layer.weights().expert_end);
       layer.routed_partial(x, routing_, y);
     }
     std::unique_ptr<CommRequest> req;

@@ -140,6 +140,7 @@ class AllToAll final : public MoeStrategy {
           }
         }
       out_ = MoeScratch::ensure(out_, static_cast<int64_t>(items_.rows.size()), H, DType::F32);
+      st.rows += static_cast<int64_t>(items_.rows.size());
       dispatch::run_local_items(layer, items_, out_.data<float>());
     }
 

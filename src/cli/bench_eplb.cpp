@@ -1,0 +1,219 @@
+// `mpirun -np N moe-ep bench --ep N --eplb [--redundant-experts R] [--skew zipf:S]`:
+// one MoE layer under the contiguous expert placement and under EPLB's placement of
+// the load measured in the same run, side by side. Per token count: the rows each rank
+// computes (imbalance = max over mean of them over a pool of calls), and ms/call (the
+// slowest rank's median) for both. Before timing, the EPLB layer's output is checked
+// bit for bit against the contiguous layer's for the all-to-all strategies (the
+// replicas hold byte copies and the source sums in slot order), within the
+// reference's tolerance otherwise.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <nlohmann/json.hpp>
+
+#include "cli/bench_cmd.h"
+#include "cli/bench_common.h"
+#include "comm/groups.h"
+#include "core/check.h"
+#include "core/threads.h"
+#include "moe/ep_layer.h"
+#include "moe/eplb.h"
+#include "moe/slot_weights.h"
+
+namespace moe {
+
+namespace {
+
+using bench::now_s;
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The slowest rank's median ms per call over n calls cycling through inputs.
+double ms_per_call(EpMoeLayer& layer, const std::vector<Tensor>& inputs, int n) {
+  std::vector<double> t;
+  for (int i = 0; i < n; ++i) {
+    const double t0 = now_s();
+    layer.forward(inputs[i % inputs.size()]);
+    t.push_back(now_s() - t0);
+  }
+  double m = median_of(t);
+  std::vector<double> all(layer.comm().size());
+  layer.comm().all_gather(&m, sizeof m, all.data());
+  return *std::max_element(all.begin(), all.end()) * 1e3;
+}
+
+// Max over mean of the rows each EP rank's slots computed over one pass of the pool
+// (MoE-TP ranks of an EP rank compute the same rows: counted once).
+double rank_imbalance(EpMoeLayer& layer, const std::vector<Tensor>& inputs) {
+  float rows = 0;
+  for (const Tensor& x : inputs) {
+    layer.forward(x);
+    rows += static_cast<float>(layer.stats().rows);
+  }
+  Communicator& c = layer.comm();
+  std::vector<float> all(c.size());
+  c.all_gather(&rows, sizeof rows, all.data());
+  const int tp = layer.placement().tp();
+  double mx = 0, sum = 0;
+  for (size_t r = 0; r < all.size(); r += tp) {
+    mx = std::max<double>(mx, all[r]);
+    sum += all[r];
+  }
+  return sum > 0 ? mx / (sum / (all.size() / tp)) : 1.0;
+}
+
+}  // namespace
+
+int run_bench_eplb(const BenchOptions& o, Communicator& world) {
+  const MoeConfig cfg = bench::bench_config(o);
+  MOE_CHECK(bench::dtype_list(o.dtype).size() == 1, "bench --eplb takes one --dtype (got '{}')", o.dtype);
+  MOE_CHECK(o.parallel.eplb.placement_file.empty() && o.parallel.eplb.interval == 0,
+            "bench --eplb computes the EPLB placement itself: no --placement or --eplb-interval");
+  int64_t int4_group = 0;
+  const DType dtype = bench::bench_dtype(o.dtype, o.int4_group, &int4_group);
+  const ParallelConfig& par = o.parallel.par;
+  const int R = world.size(), rank = world.rank();
+  MOE_CHECK(par.ep > 1 && par.dp == 1, "bench --eplb needs --ep > 1 (and --dp 1)");
+  ParallelGroups groups(world, par);
+  const EpOptions eo = o.parallel.ep_options();
+  const bool replicated = eo.comm == MoeComm::AllReduce;
+  const double skew = bench::parse_skew(o.skew);
+  const bool root = rank == 0;
+  const int64_t H = cfg.hidden_size, E = cfg.n_experts;
+
+  const auto build = [&](const Placement& pl) {
+    MoeLayerWeights w = load_slot_weights(pl, groups.ep_rank(), [&](int64_t b, int64_t e) {
+      return bench::random_layer(cfg, dtype, b, e, groups.tp_rank(), par.tp, int4_group);
+    });
+    bench::skew_router(cfg, w, skew);
+    return std::make_unique<EpMoeLayer>(MoeLayer(cfg, std::move(w)), world, pl, eo);
+  };
+  const double t_build = now_s();
+  const Placement before_pl = Placement::contiguous(E, par.ep, par.tp);
+  auto before = build(before_pl);
+
+  // The load EPLB places: routed (token, k) choices per expert over a calibration pool
+  // of the largest token count, summed over ranks.
+  const int64_t T_cal = *std::max_element(o.tokens.begin(), o.tokens.end());
+  constexpr int kPool = 8;
+  const auto pool = [&](int64_t T) {
+    std::vector<Tensor> v;
+    for (int i = 0; i < kPool; ++i) {
+      v.push_back(bench::random_tensor({T, H}, 1.f, 1000003ull * T + i + (replicated ? 0 : 7919ull * rank)));
+      if (skew > 0) bench::skew_inputs(v.back());
+    }
+    return v;
+  };
+  std::vector<int64_t> counts(E, 0);
+  {
+    const std::vector<Tensor> cal = pool(T_cal);
+    before->local().count_routed(counts.data());
+    for (const Tensor& x : cal) before->forward(x);
+    before->local().count_routed(nullptr);
+  }
+  std::vector<float> lf(counts.begin(), counts.end());
+  world.all_reduce_sum(lf.data(), lf.size());
+  const std::vector<double> load(lf.begin(), lf.end());
+  const double mean_load = std::accumulate(load.begin(), load.end(), 0.0) / E;
+  const double expert_skew = mean_load > 0 ? *std::max_element(load.begin(), load.end()) / mean_load : 1.0;
+  EplbParams ep_params{par.ep, o.parallel.eplb.redundant, o.parallel.eplb.nodes,
+                       static_cast<int>(std::max<int64_t>(1, cfg.routing.n_group))};
+  const Placement after_pl = Placement::from_ranks(E, par.tp, eplb_place(load, ep_params));
+  auto after = build(after_pl);
+  world.barrier();
+  if (root)
+    fmt::print(
+        "moe-ep bench --eplb: shape {} (H={} I={} E={} k={}), dtype {}, {} ranks ({}), moe-comm {}, {} threads per "
+        "rank, skew {}\n  routed load of the calibration pool ({} calls x {} tokens per rank): busiest expert {:.2f}x "
+        "the mean; layers built in {:.1f} s\n  before: {}\n  after (EPLB, {} redundant): {}\n  predicted imbalance "
+        "from that load: {:.3f} -> {:.3f}\n\n",
+        o.shape, H, cfg.moe_intermediate_size, E, cfg.top_k, o.dtype, R, to_string(par), o.parallel.moe_comm,
+        num_threads(), o.skew.empty() ? "none" : o.skew, kPool, T_cal, expert_skew, now_s() - t_build,
+        before_pl.describe(), o.parallel.eplb.redundant, after_pl.describe(), placement_imbalance(before_pl, load),
+        placement_imbalance(after_pl, load));
+
+  nlohmann::json records = nlohmann::json::array();
+  if (root)
+    fmt::print("{:>6} {:>10} {:>10} {:>10} {:>10} {:>8}  {}\n", "tokens", "imb before", "imb after", "ms before",
+               "ms after", "speed-up", "check");
+  bool all_ok = true;
+  const bool a2a = eo.comm != MoeComm::AllReduce && eo.comm != MoeComm::AllGather;
+  for (const int64_t T : o.tokens) {
+    const std::vector<Tensor> inputs = pool(T);
+    std::string check = "skipped";
+    if (!o.skip_check) {
+      const Tensor yb = before->forward(inputs[0]), ya = after->forward(inputs[0]);
+      bool ok = false;
+      const int64_t n = std::min<int64_t>(T, 2);
+      check = bench::check_sample(cfg, before->local().weights(), inputs[0].slice_rows(0, n), yb.slice_rows(0, n),
+                                  dtype, &ok);
+      if (a2a) {
+        const bool same = yb.nbytes() == ya.nbytes() && std::memcmp(yb.raw(), ya.raw(), yb.nbytes()) == 0;
+        ok = ok && same;
+        check += same ? ", EPLB output bitwise equal" : ", EPLB output DIFFERS";
+      } else {
+        bool ok2 = false;
+        bench::check_sample(cfg, before->local().weights(), inputs[0].slice_rows(0, n), ya.slice_rows(0, n), dtype,
+                            &ok2);
+        ok = ok && ok2;
+      }
+      float bad = ok ? 0.f : 1.f;
+      world.all_reduce_sum(&bad, 1);
+      if (bad > 0) check = fmt::format("FAILED on {} rank(s); rank 0: {}", static_cast<int>(bad), check);
+      all_ok = all_ok && bad == 0;
+    }
+    const double imb_b = rank_imbalance(*before, inputs), imb_a = rank_imbalance(*after, inputs);
+    const double t0 = now_s();
+    before->forward(inputs[1]);
+    double per_call = now_s() - t0;
+    world.broadcast(&per_call, sizeof per_call, 0);
+    const int n = static_cast<int>(std::clamp(o.seconds / 2 / std::max(per_call, 1e-6), 3.0, 2000.0));
+    // Interleaved halves, so a drift of the machine's speed hits both alike.
+    std::vector<double> mb, ma;
+    for (int half = 0; half < 2; ++half) {
+      mb.push_back(ms_per_call(*before, inputs, (n + 1) / 2));
+      ma.push_back(ms_per_call(*after, inputs, (n + 1) / 2));
+    }
+    const double ms_b = std::min(mb[0], mb[1]), ms_a = std::min(ma[0], ma[1]);
+    if (root) {
+      fmt::print("{:>6} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>7.2f}x  {}\n", T, imb_b, imb_a, ms_b, ms_a,
+                 ms_a > 0 ? ms_b / ms_a : 0.0, check);
+      records.push_back({{"tokens", T},
+                         {"imbalance_before", imb_b},
+                         {"imbalance_after", imb_a},
+                         {"ms_before", ms_b},
+                         {"ms_after", ms_a},
+                         {"expert_load_max_over_mean", expert_skew},
+                         {"redundant_experts", o.parallel.eplb.redundant},
+                         {"skew", o.skew},
+                         {"calls", n},
+                         {"check", check},
+                         {"moe_comm", o.parallel.moe_comm},
+                         {"ranks", R},
+                         {"shape", o.shape},
+                         {"dtype", o.dtype}});
+    }
+  }
+  if (root) {
+    fmt::print(
+        "\nimb: max over mean of the rows each EP rank's expert slots computed over {} calls; ms: the slowest rank's "
+        "median per call\n(the better of two interleaved passes per placement). EPLB placed the calibration pool's "
+        "load; the table's pools are other tokens.\n",
+        kPool);
+    if (!o.json_path.empty()) {
+      std::ofstream out(o.json_path);
+      MOE_CHECK(out.good(), "cannot write --json file {}", o.json_path);
+      out << records.dump(2) << "\n";
+    }
+    if (!all_ok) fmt::print(stderr, "moe-ep bench --eplb: the output check FAILED; the timings above are not valid\n");
+  }
+  return all_ok ? 0 : 2;
+}
+
+}  // namespace moe
