@@ -21,6 +21,7 @@
 #include "core/threads.h"
 #include "loader/safetensors.h"
 #include "model/model.h"
+#include "moe/placement_file.h"
 #include "runtime/generate.h"
 #include "runtime/runner.h"
 #include "text/text_stream.h"
@@ -77,6 +78,7 @@ struct GenOpts {
   uint64_t seed = 0;
   bool ignore_eos = false, quiet = false, no_special = false, show_special = false;
   std::string output_json;
+  std::string expert_load_out;  // --expert-load-out: moe/placement_file.h's load file
   // Text prompts (any of them needs the tokenizer of --model).
   std::vector<std::string> prompts, chats, stops;
   std::string chat_file;
@@ -207,9 +209,27 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
                     {"decode_tokens_per_s", dec_tps}};
     j["expert_load"] = r.expert_load;
     j["expert_load_max_over_mean"] = spread;
-    std::ofstream out(g.output_json);
-    MOE_CHECK(out.good(), "cannot write --output-json {}", g.output_json);
-    out << j.dump(1) << "\n";
+    if (r.eplb)
+      j["eplb"] = {{"rebalances", r.eplb->rebalances},
+                   {"slots_moved", r.eplb->slots_moved},
+                   {"bytes_moved", r.eplb->bytes_moved},
+                   {"rank0_stall_s", r.eplb->stall_s},
+                   {"rank0_max_stall_s", r.eplb->max_stall_s},
+                   {"imbalance_before", r.eplb->imbalance_before},
+                   {"imbalance_after", r.eplb->imbalance_after}};
+    write_json_file(g.output_json, j);
+  }
+  if (!g.expert_load_out.empty()) {
+    // The whole run's load (every replica once): the input of `moe-ep eplb`.
+    ExpertLoadFile f;
+    f.n_experts = L.model->config().moe.n_experts;
+    f.window = f.steps = r.steps;
+    for (size_t l = 0; l < r.expert_load.size(); ++l) {
+      if (r.expert_load[l].empty()) continue;
+      f.layers.push_back(static_cast<int64_t>(l));
+      f.load.emplace_back(r.expert_load[l].begin(), r.expert_load[l].end());
+    }
+    write_json_file(g.expert_load_out, to_json(f));
   }
   return 0;
 }
@@ -278,6 +298,9 @@ std::vector<Verb> add_model_verbs(CLI::App& app) {
     add_chat_flags(gc, g->chat);
     gc->add_option("--output-json", g->output_json, "Write the prompts, generated ids, timings and expert load here");
     gc->add_flag("--quiet", g->quiet, "Print nothing (with --output-json: only the file)");
+    gc->add_option("--expert-load-out", g->expert_load_out,
+                   "Write the tokens routed to each expert of each MoE layer over the run here (JSON; the input of "
+                   "`moe-ep eplb --load`)");
     verbs.push_back({gc, [o, g] { return run_generate(*o, *g); }});
   }
   verbs.push_back(add_bench_model_verb(app));
