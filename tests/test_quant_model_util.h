@@ -30,7 +30,7 @@ namespace moe::test {
 // Collective on a multi-rank model (two prefill steps).
 inline std::vector<std::vector<int32_t>> last_token_experts(Model& m, const std::vector<int32_t>& seq) {
   auto counts = [&](size_t n) {
-    for (auto& row : m.expert_load()) std::fill(row.begin(), row.end(), 0);
+    m.reset_expert_load();
     if (n > 0) prefill_logits(m, {std::vector<int32_t>(seq.begin(), seq.begin() + static_cast<int64_t>(n))});
     return m.expert_load();
   };

@@ -200,6 +200,34 @@ int run_bench_eplb(const BenchOptions& o, Communicator& world) {
                          {"dtype", o.dtype}});
     }
   }
+  // One online rebalance of the contiguous layer to the EPLB placement, with a call in
+  // between while the slots travel: the stall is what the step loop waits (begin: copies
+  // and posting; finish: what was still in flight, and the switch).
+  {
+    const std::vector<Tensor> inputs = pool(o.tokens.front());
+    world.barrier();
+    before->begin_rebalance(after_pl);
+    before->forward(inputs[0]);
+    const RebalanceStats st = before->finish_rebalance();
+    double v[3] = {st.begin_s + st.finish_s, st.bytes_sent, static_cast<double>(st.slots_received)};
+    std::vector<double> all(3 * R);
+    world.all_gather(v, sizeof v, all.data());
+    double stall = 0, bytes = 0, slots = 0;
+    for (int r = 0; r < R; ++r) {
+      stall = std::max(stall, all[3 * r]);
+      bytes += all[3 * r + 1];
+      slots += all[3 * r + 2];
+    }
+    if (root) {
+      fmt::print("\nrebalance contiguous -> EPLB online: {:.0f} slots moved, {:.1f} MB sent over all ranks, the slowest "
+                 "rank's step loop stalled {:.1f} ms (begin + finish)\n",
+                 slots, bytes / 1e6, stall * 1e3);
+      for (auto& r : records) {
+        r["rebalance_stall_ms"] = stall * 1e3;
+        r["rebalance_mb"] = bytes / 1e6;
+      }
+    }
+  }
   if (root) {
     fmt::print(
         "\nimb: max over mean of the rows each EP rank's expert slots computed over {} calls; ms: the slowest rank's "

@@ -59,6 +59,39 @@ std::vector<int> balanced_packing(const std::vector<double>& w, int n_packs, Ok&
     ++count[best];
     load[best] += w[i];
   }
+  // Refinement: swap an item of the most loaded pack with a lighter one of another pack
+  // while that lowers the most loaded pack (greedy alone leaves uneven counts of
+  // near-equal items, e.g. 1000-row experts beside 500-row replica halves).
+  for (int iter = 0; iter < 4 * n; ++iter) {
+    const int mx = static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
+    double best_peak = load[mx];
+    int bq = -1, ba = -1, bb = -1;
+    for (int q = 0; q < n_packs; ++q) {
+      if (q == mx) continue;
+      for (size_t ia = 0; ia < members[mx].size(); ++ia)
+        for (size_t ib = 0; ib < members[q].size(); ++ib) {
+          const int a = members[mx][ia], b = members[q][ib];
+          const double d = w[a] - w[b];
+          if (d <= 0) continue;
+          const double peak = std::max(load[mx] - d, load[q] + d);
+          if (peak >= best_peak) continue;
+          pack[a] = pack[b] = -1;
+          const bool fits = ok(a, pack, q) && ok(b, pack, mx);
+          pack[a] = mx;
+          pack[b] = q;
+          if (fits) best_peak = peak, bq = q, ba = static_cast<int>(ia), bb = static_cast<int>(ib);
+        }
+    }
+    if (bq < 0) break;
+    int& a = members[mx][ba];
+    int& b = members[bq][bb];
+    const double d = w[a] - w[b];
+    pack[a] = bq;
+    pack[b] = mx;
+    std::swap(a, b);
+    load[mx] -= d;
+    load[bq] += d;
+  }
   if (members_out) {
     members_out->clear();
     for (const auto& m : members) members_out->insert(members_out->end(), m.begin(), m.end());
@@ -131,6 +164,13 @@ std::vector<std::vector<int32_t>> eplb_place(const std::vector<double>& load, co
       ranks[n * ranks_per_pack + pack[s]].push_back(static_cast<int32_t>(ex[phy[s]]));
   }
   for (auto& r : ranks) std::sort(r.begin(), r.end());
+  // Never worse than the blocks it replaces: without redundant slots, the contiguous
+  // placement (which keeps contiguous groups on their node too) when it is better.
+  if (p.redundant == 0 && E % p.ep == 0) {
+    const Placement blocks = Placement::contiguous(E, p.ep, 1);
+    if (placement_imbalance(blocks, load) < placement_imbalance(Placement::from_ranks(E, 1, ranks), load))
+      for (int r = 0; r < p.ep; ++r) ranks[r] = blocks.rank_experts(r);
+  }
   return ranks;
 }
 
