@@ -107,5 +107,59 @@ TEST(CliEp, BadLayoutsAreClearErrors) {
   EXPECT_NE(log.find("--tp 3 does not divide"), std::string::npos) << log;
 }
 
+// The EPLB path a user takes: the load of a run, `moe-ep eplb`, then the placement file
+// (or redundant slots) under mpirun: the all-to-all output stays bitwise one rank's.
+TEST(CliEplb, LoadFilePlacementFileAndRedundantSlots) {
+  test::TempDir tmp;
+  const std::string model = fixture("deepseek_v3"), in = model + "/golden/L1_T33_in.safetensors";
+  const std::string ep = std::string(MOE_EP_BINARY);
+  std::string log;
+  ASSERT_EQ(test::run_command(layer_cmd(model, 1, in, tmp / "single.safetensors", ""), &log), 0) << log;
+  const std::string single = read_file(tmp / "single.safetensors");
+  ASSERT_EQ(test::run_command(ep + " generate --quiet --model " + model +
+                                  " --prompt-ids '1,2,3,4,5,6,7,8;9,10,11' --max-new-tokens 6 --ignore-eos "
+                                  "--expert-load-out " + (tmp / "load.json"),
+                              &log),
+            0)
+      << log;
+  ASSERT_EQ(test::run_command(ep + " eplb --load " + (tmp / "load.json") +
+                                  " --ep 2 --redundant-experts 2 --output " + (tmp / "pl.json"),
+                              &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("global policy"), std::string::npos) << log;
+  for (const std::string flags : {"--moe-comm alltoall --placement " + (tmp / "pl.json"),
+                                  std::string("--moe-comm alltoall-ll --redundant-experts 4")}) {
+    SCOPED_TRACE(flags);
+    const std::string out = tmp / "ep.safetensors";
+    ASSERT_EQ(test::run_command(kMpirun + "-np 2 " + layer_cmd(model, 1, in, out, "--ep 2 --dtype f32 " + flags), &log),
+              0)
+        << log;
+    EXPECT_EQ(read_file(out), single) << "the output is not bitwise identical to one rank";
+  }
+  // Bad input: slots that do not divide, a file for another layout, one rank, a bad load file.
+  EXPECT_NE(test::run_command(kMpirun + "-np 2 " +
+                                  layer_cmd(model, 1, in, tmp / "y.safetensors", "--ep 2 --redundant-experts 1"),
+                              &log),
+            0);
+  EXPECT_NE(log.find("do not divide over 2 EP ranks"), std::string::npos) << log;
+  EXPECT_NE(test::run_command(kMpirun + "-np 4 " + layer_cmd(model, 1, in, tmp / "y.safetensors",
+                                                             "--ep 4 --placement " + (tmp / "pl.json")),
+                              &log),
+            0);
+  EXPECT_NE(log.find("is for 32 experts over ep 2"), std::string::npos) << log;
+  EXPECT_NE(test::run_command(layer_cmd(model, 1, in, tmp / "y.safetensors", "--placement " + (tmp / "pl.json")), &log),
+            0);
+  EXPECT_NE(log.find("need --ep > 1"), std::string::npos) << log;
+  {
+    std::ofstream bad(tmp / "bad.json");
+    bad << R"({"format": "moe-ep expert load v1", "experts": 4, "window": 1, "steps": 1, "layers": [1], "load": [[1, 2]]})";
+  }
+  EXPECT_NE(test::run_command(ep + " eplb --load " + (tmp / "bad.json") + " --ep 2 --output " + (tmp / "x.json"), &log),
+            0);
+  EXPECT_NE(log.find("load of layer 1 has 2 entries, expected 4"), std::string::npos) << log;
+  EXPECT_FALSE(std::ifstream(tmp / "x.json").good()) << "a failed run must not leave an output file";
+}
+
 }  // namespace
 }  // namespace moe

@@ -46,12 +46,20 @@ void OnlineEplb::begin() {
     auto ranks = eplb_place(load, params_);
     std::vector<std::vector<int32_t>> now(cur.ep());
     for (int r = 0; r < cur.ep(); ++r) now[r] = cur.rank_experts(r);
-    moved += eplb_keep_in_place(ranks, now, params_.nodes);
+    eplb_keep_in_place(ranks, now, params_.nodes);
     Placement next = Placement::from_ranks(E, cur.tp(), ranks);
-    before += placement_imbalance(cur, load);
-    after += placement_imbalance(next, load);
+    const double b = placement_imbalance(cur, load), a = placement_imbalance(next, load);
     ++n_layers;
-    if (next == cur) continue;
+    before += b;
+    // A layer moves only for a real gain: a new placement within kMinGain of the
+    // current one's imbalance is noise of the window, not worth its weights' traffic.
+    constexpr double kMinGain = 0.02;
+    if (next == cur || a > b * (1.0 - kMinGain)) {
+      after += b;
+      continue;
+    }
+    after += a;
+    moved += slots_moved(cur, next);
     L->begin_rebalance(std::move(next));
   }
   report_.imbalance_before = n_layers ? before / n_layers : 1.0;

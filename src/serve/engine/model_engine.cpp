@@ -225,6 +225,7 @@ bool ModelEngine::step() {
     comm_s_ += es.comm_wait_s;
     comm_bytes_ += es.bytes_sent;
     if (steps_ % 8 == 1) load_shared_ = model_.expert_load();
+    if (const EplbReport* r = model_.eplb_report()) eplb_shared_ = *r;
   }
   return true;
 }
@@ -332,6 +333,20 @@ std::string ModelEngine::metrics() const {
   gauge("moe_ep_ep_comm_wait_seconds_total", "Time rank 0 spent blocked in expert-parallel communication.", "counter",
         comm_s_);
   gauge("moe_ep_ep_bytes_sent_total", "Expert-parallel payload bytes rank 0 sent.", "counter", comm_bytes_);
+  if (eplb_shared_) {
+    gauge("moe_ep_eplb_rebalances_total", "Online expert rebalances (--eplb-interval) begun.", "counter",
+          static_cast<double>(eplb_shared_->rebalances));
+    gauge("moe_ep_eplb_slots_moved_total", "Expert slots that changed rank, over all ranks and layers.", "counter",
+          static_cast<double>(eplb_shared_->slots_moved));
+    gauge("moe_ep_eplb_bytes_moved_total", "Expert weight bytes sent by all ranks in rebalances.", "counter",
+          eplb_shared_->bytes_moved);
+    gauge("moe_ep_eplb_stall_seconds_total", "Time rank 0's step loop spent in rebalances.", "counter",
+          eplb_shared_->stall_s);
+    gauge("moe_ep_eplb_imbalance_before", "Last rebalance: max over mean rows per rank before (mean over layers).",
+          "gauge", eplb_shared_->imbalance_before);
+    gauge("moe_ep_eplb_imbalance_after", "Last rebalance: max over mean rows per rank after (mean over layers).",
+          "gauge", eplb_shared_->imbalance_after);
+  }
   s += "# HELP moe_ep_expert_load_max_over_mean Tokens routed to the busiest expert over the mean, per MoE layer.\n"
        "# TYPE moe_ep_expert_load_max_over_mean gauge\n";
   for (size_t l = 0; l < load_shared_.size(); ++l) {

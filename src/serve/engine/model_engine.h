@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "model/model.h"
@@ -87,6 +88,7 @@ class ModelEngine final : public Engine {
   std::deque<std::unique_ptr<Request>> incoming_;
   int64_t n_waiting_shared_ = 0, n_running_shared_ = 0, kv_used_shared_ = 0;
   std::vector<std::vector<int64_t>> load_shared_;  // expert load snapshot [layer][E]
+  std::optional<EplbReport> eplb_shared_;          // --eplb-interval: the rebalances so far
   double comm_s_ = 0, comm_bytes_ = 0;
   int64_t steps_ = 0, prefill_tokens_ = 0, decode_tokens_ = 0;
 
