@@ -77,7 +77,9 @@ MoeStrategy& EpMoeLayer::strategy(MoeComm c) {
   return *s;
 }
 
-Tensor EpMoeLayer::forward(const Tensor& x) {
+Tensor EpMoeLayer::forward(const Tensor& x) { return forward_counts(x, nullptr); }
+
+Tensor EpMoeLayer::forward_counts(const Tensor& x, const std::vector<int64_t>* known) {
   const int64_t H = layer_.config().hidden_size;
   MOE_CHECK(x.ndim() == 2 && x.dim(1) == H && x.is_contiguous(),
             "MoE input 'hidden_states' has shape {}, expected [T, {}]", shape_str(x.shape()), H);
@@ -86,14 +88,18 @@ Tensor EpMoeLayer::forward(const Tensor& x) {
   const int R = world_.size();
   const int64_t T = x.dim(0);
 
-  // One small collective per call: every rank's token count. It sizes the chunk
-  // rounds (identical on all ranks), resolves `auto` identically everywhere, and
-  // lets every rank reject an alltoall-ll overflow together instead of hanging.
-  std::vector<int64_t> counts(R);
-  {
+  // Every rank's token count sizes the chunk rounds (identical on all ranks), resolves
+  // `auto` identically everywhere, and lets every rank reject an alltoall-ll overflow
+  // together instead of hanging. Unless the caller knows them (forward_replicated:
+  // even shares of the same T everywhere), one small collective per call finds them.
+  if (!known) {
+    gathered_counts_.resize(R);
     dispatch::ScopedTimer timer(stats_.comm_wait_s);
-    world_.all_gather(&T, sizeof T, counts.data());
+    world_.all_gather(&T, sizeof T, gathered_counts_.data());
   }
+  const std::vector<int64_t>& counts = known ? *known : gathered_counts_;
+  MOE_CHECK(static_cast<int>(counts.size()) == R && counts[world_.rank()] == T,
+            "internal: token counts of the ranks do not match this rank's {} tokens", T);
   const int64_t max_T = *std::max_element(counts.begin(), counts.end());
   const int64_t chunk = opt_.chunk_tokens > 0 ? opt_.chunk_tokens : std::max<int64_t>(max_T, 1);
   const MoeComm c = resolve(std::min(chunk, max_T));
@@ -124,9 +130,17 @@ Tensor EpMoeLayer::forward(const Tensor& x) {
 Tensor EpMoeLayer::forward_replicated(const Tensor& x) {
   const int R = world_.size(), r = world_.rank();
   const int64_t T = x.dim(0), H = layer_.config().hidden_size;
-  if (opt_.comm == MoeComm::AllReduce || R == 1) return forward(x);
+  if (R == 1) return forward(x);
+  if (opt_.comm == MoeComm::AllReduce) {
+    replicated_counts_.assign(R, T);
+    return forward_counts(x, &replicated_counts_);
+  }
   const int64_t b = T * r / R, e = T * (r + 1) / R;
-  const Tensor y_local = forward(x.slice_rows(b, e));
+  // Every rank holds the same T, so every rank's share is known here: no count round.
+  std::vector<int64_t>& counts = replicated_counts_;
+  counts.resize(R);
+  for (int i = 0; i < R; ++i) counts[i] = T * (i + 1) / R - T * i / R;
+  const Tensor y_local = forward_counts(x.slice_rows(b, e), &counts);
   Tensor y = Tensor::empty({T, H}, DType::F32);
   std::vector<size_t> bytes(R);
   for (int i = 0; i < R; ++i) bytes[i] = static_cast<size_t>(T * (i + 1) / R - T * i / R) * H * sizeof(float);

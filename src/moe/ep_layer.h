@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "moe/fused_moe.h"
@@ -114,6 +115,8 @@ class EpMoeLayer {
 
  private:
   MoeStrategy& strategy(MoeComm c);
+  // forward() with every rank's token count given (nullptr: all-gathered here).
+  Tensor forward_counts(const Tensor& x, const std::vector<int64_t>* counts);
   void attach_placement();
   struct Pending;
 
@@ -124,6 +127,8 @@ class EpMoeLayer {
   EpStats stats_;
   std::unique_ptr<MoeStrategy> strategies_[4];
   std::unique_ptr<Pending> pending_;
+  std::vector<int64_t> replicated_counts_;  // forward_replicated's shares, [R]
+  std::vector<int64_t> gathered_counts_;    // forward's all-gathered counts, [R]
 };
 
 // Factories (moe/dispatch/*.cpp).
