@@ -65,7 +65,8 @@ Timing time_calls(EpMoeLayer& layer, const std::vector<Tensor>& inputs, int n) {
 
 // A plain all-to-all-v moving `bytes` per call from this rank, split evenly over the
 // other ranks and over two exchanges (dispatch and combine), like the strategies.
-double raw_alltoall_gbps(Communicator& c, double bytes, int n) {
+// Returns the slowest rank's median seconds per call (both exchanges).
+double raw_alltoall_s(Communicator& c, double bytes, int n) {
   const int R = c.size();
   const size_t per = static_cast<size_t>(bytes / 2 / std::max(1, R - 1));
   std::vector<char> send(per * R), recv(per * R);
@@ -81,8 +82,7 @@ double raw_alltoall_gbps(Communicator& c, double bytes, int n) {
     c.all_to_all_v(send.data(), sb, off, recv.data(), sb, off);
     t.push_back(now_s() - t0);
   }
-  const double tm = max_over_ranks(c, median(t));
-  return tm > 0 ? bytes / tm / 1e9 : 0;
+  return max_over_ranks(c, median(t));
 }
 
 }  // namespace
@@ -122,9 +122,9 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
 
   nlohmann::json records = nlohmann::json::array();
   if (root)
-    fmt::print("{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>7}  {}\n", "tokens",
-               "ms/call", "compute", "shared", "comm", "no-ovl", "MB/rank", "disp MB", "comm GB/s", "raw GB/s", "frac",
-               "saved ms", "hidden", "check");
+    fmt::print("{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>7} {:>8} {:>6} {:>9} {:>7}  {}\n",
+               "tokens", "ms/call", "compute", "shared", "comm", "no-ovl", "MB/rank", "disp MB", "comm GB/s", "raw GB/s",
+               "frac", "raw ms", "x raw", "saved ms", "hidden", "check");
   bool all_ok = true;
   for (int64_t T : o.tokens) {
     // Each rank's own tokens (the same tokens everywhere for allreduce).
@@ -164,13 +164,17 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
     }
     const bool a2a = eo.comm == MoeComm::AllToAll || eo.comm == MoeComm::AllToAllLL || eo.comm == MoeComm::Auto;
     const double comm_gbps = no.comm > 0 ? no.bytes / no.comm / 1e9 : 0;
-    const double raw = a2a && R > 1 ? raw_alltoall_gbps(world, no.bytes, n) : 0;
+    const double raw_s = a2a && R > 1 ? raw_alltoall_s(world, no.bytes, n) : 0;
+    const double raw = raw_s > 0 ? no.bytes / raw_s / 1e9 : 0;
     const double saved = no.total - ov.total;
     const double hidden = ov.shared > 0 ? saved / ov.shared : 0;
     if (root) {
-      fmt::print("{:>6} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>10.3f} {:>9.3f} {:>9.2f} {:>9.2f} {:>7.2f} {:>9.3f} {:>6.0f}%  {}\n",
-                 T, ov.total * 1e3, ov.compute * 1e3, ov.shared * 1e3, ov.comm * 1e3, no.total * 1e3, no.bytes / 1e6,
-                 no.dispatch / 1e6, comm_gbps, raw, raw > 0 ? comm_gbps / raw : 0.0, saved * 1e3, hidden * 100, check);
+      fmt::print(
+          "{:>6} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>10.3f} {:>9.3f} {:>9.2f} {:>9.2f} {:>7.2f} {:>8.3f} "
+          "{:>6.2f} {:>9.3f} {:>6.0f}%  {}\n",
+          T, ov.total * 1e3, ov.compute * 1e3, ov.shared * 1e3, ov.comm * 1e3, no.total * 1e3, no.bytes / 1e6,
+          no.dispatch / 1e6, comm_gbps, raw, raw > 0 ? comm_gbps / raw : 0.0, raw_s * 1e3,
+          raw_s > 0 ? no.comm / raw_s : 0.0, saved * 1e3, hidden * 100, check);
       records.push_back({{"tokens", T},
                          {"ms_per_call", ov.total * 1e3},
                          {"compute_ms", ov.compute * 1e3},
@@ -181,6 +185,9 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
                          {"dispatch_bytes_per_rank", no.dispatch},
                          {"comm_gbps", comm_gbps},
                          {"raw_alltoallv_gbps", raw},
+                         {"raw_exchange_ms", raw_s * 1e3},
+                         {"comm_over_raw", raw_s > 0 ? no.comm / raw_s : 0.0},
+                         {"comm_frac_of_call", ov.total > 0 ? ov.comm / ov.total : 0.0},
                          {"overlap_saved_ms", saved * 1e3},
                          {"shared_hidden_frac", hidden},
                          {"calls", n},
@@ -197,7 +204,8 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
         "communication);\nMB/rank: bytes a rank sent per call (both directions); disp MB: of those, the dispatch (tokens "
         "to experts; alltoall, alltoall-ll);\nno-ovl: ms/call with the shared experts run after the communication instead of during it; "
         "saved = no-ovl - ms/call,\nhidden = saved / shared. comm GB/s: bytes this rank sent per call / comm time "
-        "(no-overlap pass); raw: MPI all-to-all-v of the same bytes.\n");
+        "(no-overlap pass); raw: MPI all-to-all-v of the same bytes,\nraw ms: two of them (the dispatch and "
+        "combine exchanges of a call) timed alone, x raw = comm / raw ms.\n");
     if (!o.json_path.empty()) {
       std::ofstream out(o.json_path);
       MOE_CHECK(out.good(), "cannot write --json file {}", o.json_path);

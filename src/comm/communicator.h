@@ -69,11 +69,12 @@ class Communicator {
                                                      const std::vector<size_t>& recv_offsets) = 0;
 
   // Point-to-point, started together and completed together: every send goes to
-  // sends[i].rank, every receive comes from recvs[i].rank (exactly bytes bytes), all
+  // sends[i].rank, every receive comes from recvs[i].rank into a buffer of bytes bytes
+  // that the message may fill only in part (the payload says how much it holds), all
   // with `tag`. Between one pair of ranks messages of one tag match in posting order,
   // so both sides must post them in the same order. Used to move expert weights
-  // (online load balancing) while the step loop goes on; collectives never match
-  // these messages. A message to or from this rank itself is a copy.
+  // (online load balancing) while the step loop goes on, and for alltoall-ll's
+  // variable-length dispatch; collectives never match these messages.
   struct Message {
     int rank = 0;
     void* buf = nullptr;  // a send reads it, a receive writes it

@@ -4,6 +4,11 @@
 // block of the rank serving its expert; a block starts with its record count. The
 // receiver writes each record's output at the same index of the return block, so
 // the source finds every result where it put the request.
+// Only the used part of a block travels: the dispatch is point-to-point with each
+// receive posted for a whole block (a message may be shorter than its buffer, and the
+// block's count says how long it is), and the combine is an all-to-all-v whose sizes
+// both sides know from those counts. (Sending whole blocks moved 6.3 MB per call at
+// one token of a Qwen3-30B-A3B layer under --ep 2 for ~100 KB of payload.)
 //
 // Capacity: a source sends at most max_tokens_per_rank * min(k, max local experts)
 // records to one rank (a token reaches one rank through at most that many slots).
@@ -18,6 +23,10 @@
 
 namespace moe {
 namespace {
+
+// The dispatch messages' tag (point-to-point never matches a collective; online
+// rebalancing uses another tag).
+constexpr int kDispatchTag = 0x4c4c;
 
 struct RecordHead {
   int32_t local_expert;
@@ -80,11 +89,18 @@ class AllToAllLL final : public MoeStrategy {
         }
       for (int d = 0; d < R; ++d) std::memcpy(send_.data() + d * block_, &count[d], sizeof(int64_t));
     }
-    std::vector<size_t> b(R, block_), off(R);
-    for (int r = 0; r < R; ++r) off[r] = r * block_;
-    auto req = comm.iall_to_all_v(send_.data(), b, off, recv_.data(), b, off);
-    st.bytes_sent += static_cast<double>(block_) * (R - 1);
-    st.dispatch_bytes += static_cast<double>(block_) * (R - 1);
+    sends_.resize(R);
+    recvs_.resize(R);
+    for (int r = 0; r < R; ++r) {
+      const size_t used = sizeof(int64_t) + static_cast<size_t>(count[r]) * rec_;
+      sends_[r] = {r, send_.data() + r * block_, used};
+      recvs_[r] = {r, recv_.data() + r * block_, block_};
+      if (r != me) {
+        st.bytes_sent += static_cast<double>(used);
+        st.dispatch_bytes += static_cast<double>(used);
+      }
+    }
+    auto req = comm.isend_recv(sends_, recvs_, kDispatchTag);
     shared_.start_then_wait(layer, x, ep_.options().overlap, st, req.get());
 
     {
@@ -114,13 +130,18 @@ class AllToAllLL final : public MoeStrategy {
         o += from_[s] * H;
       }
     }
-    std::vector<size_t> rb(R, ret_block_), roff(R);
-    for (int r = 0; r < R; ++r) roff[r] = r * ret_block_;
+    // Results back: from_[s] rows to each source s, count[d] rows from each rank d.
+    std::vector<size_t> sb(R), so(R), rb(R), ro(R);
+    for (int r = 0; r < R; ++r) {
+      sb[r] = static_cast<size_t>(from_[r]) * H * sizeof(float);
+      rb[r] = static_cast<size_t>(count[r]) * H * sizeof(float);
+      so[r] = ro[r] = r * ret_block_;
+      if (r != me) st.bytes_sent += static_cast<double>(sb[r]);
+    }
     {
       ScopedTimer timer(st.comm_wait_s);
-      comm.all_to_all_v(back_.data(), rb, roff, ret_.data(), rb, roff);
+      comm.all_to_all_v(back_.data(), sb, so, ret_.data(), rb, ro);
     }
-    st.bytes_sent += static_cast<double>(ret_block_) * (R - 1);
     {
       ScopedTimer timer(st.compute_s);
       parts_.assign(T * k * tp, nullptr);
@@ -135,7 +156,6 @@ class AllToAllLL final : public MoeStrategy {
       dispatch::combine_slots(routing_.weights.data(), T, k, tp, parts_, H, y);
     }
     shared_.add_to(y);
-    (void)me;
   }
 
  private:
@@ -145,6 +165,7 @@ class AllToAllLL final : public MoeStrategy {
   std::vector<char> send_, recv_, rows_;
   std::vector<float> back_, ret_;
   std::vector<int64_t> from_;
+  std::vector<Communicator::Message> sends_, recvs_;
   Routing routing_;
   dispatch::LocalItems items_;
   std::vector<const float*> parts_;
