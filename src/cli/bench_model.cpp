@@ -46,6 +46,7 @@
 #include "model/model.h"
 #include "model/registry.h"
 #include "moe/placement.h"
+#include "moe/slot_weights.h"
 #include "runtime/runner.h"
 
 namespace moe {
@@ -393,6 +394,8 @@ int run_bench_model(const BenchModelOptions& o) {
   mo.world = &world;
   mo.par = o.parallel.par;
   mo.ep = o.parallel.ep_options();
+  mo.eplb = o.parallel.eplb;
+  if (world.rank() == 0) mo.eplb.log = [](const std::string& s) { fmt::print(stderr, "{}\n", s); };
   mo.moe_weights = [&](int64_t l, const MlpLoadOptions& lo) {
     const int64_t end = lo.expert_end < 0 ? mc.moe.n_experts : lo.expert_end;
     rb.e_begin = lo.expert_begin;
@@ -442,8 +445,17 @@ int run_bench_model(const BenchModelOptions& o) {
       MoeLayer probe(c.moe, layer0);
       y = probe.forward(x);
     } else {
-      const Placement pl = Placement::contiguous(c.moe.n_experts, o.parallel.par.ep, tp);
-      EpMoeLayer probe(MoeLayer(c.moe, layer0), world, pl, o.parallel.ep_options());
+      // Layer 0's placement (redundant slots or a file: several loads of expert runs,
+      // so the probe's slots are rebuilt from their seeds).
+      const Placement& pl = m.placement(0);
+      MoeLayerWeights w = layer0;
+      if (!pl.identity()) {
+        ParallelGroups groups(world, o.parallel.par);
+        w = load_slot_weights(pl, groups.ep_rank(), [&](int64_t b, int64_t e) {
+          return bench::random_layer(c.moe, w8a8 ? DType::I8 : dtype, b, e, groups.tp_rank(), static_cast<int>(tp));
+        });
+      }
+      EpMoeLayer probe(MoeLayer(c.moe, std::move(w)), world, pl, o.parallel.ep_options());
       y = probe.forward_replicated(x);
     }
     bool ok = false;

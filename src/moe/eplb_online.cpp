@@ -67,7 +67,8 @@ void OnlineEplb::begin() {
   report_.slots_moved += moved;
   report_.last_step = step_;
   ++report_.rebalances;
-  pending_ = true;
+  // Every rank made the same decisions, so every rank agrees on whether to finish.
+  pending_ = moved > 0;
 }
 
 void OnlineEplb::finish() {

@@ -19,7 +19,7 @@ namespace moe {
 
 // What the rebalances of a run did (summed; imbalance of the last one, mean over layers).
 struct EplbReport {
-  int64_t rebalances = 0;
+  int64_t rebalances = 0;    // decisions taken (every --eplb-interval steps), moving slots or not
   int64_t slots_moved = 0;   // over all ranks and layers
   double bytes_moved = 0;    // sent by all ranks
   double stall_s = 0;        // this rank's step loop blocked in begin + finish, summed
