@@ -1,5 +1,5 @@
-// Expert slots as flat blobs (kernels/grouped_gemm.h): what a rebalance sends between
-// ranks and copies between slots.
+// Expert slots piece by piece (kernels/grouped_gemm.h): what a rebalance sends between
+// ranks and what placements copy between slots.
 #include <array>
 #include <cstring>
 
@@ -9,50 +9,36 @@
 namespace moe {
 namespace {
 
-// The per-expert side tensors of p, in blob order; each undefined or [n_experts, ...].
+// The per-expert side tensors of p, in piece order; each undefined or [n_experts, ...].
 template <class P>
 auto side_tensors(P& p) {
   return std::array{&p.w_scale, &p.w_comp, &p.smooth, &p.act_scale, &p.w_zero};
 }
 
-size_t side_row_bytes(const PackedExperts& p, const Tensor& t) {
-  if (!t.defined()) return 0;
-  MOE_CHECK(p.n_experts > 0 && t.dim(0) == p.n_experts && t.is_contiguous(),
-            "packed experts: a side tensor {} does not hold one row per expert of {}", t.describe(), p.n_experts);
-  return t.nbytes() / static_cast<size_t>(p.n_experts);
-}
-
 }  // namespace
 
-size_t expert_blob_bytes(const PackedExperts& p) {
-  size_t b = p.bytes_per_expert();
-  for (const Tensor* t : side_tensors(p)) b += side_row_bytes(p, *t);
-  return b;
-}
-
-void read_expert_blob(const PackedExperts& p, int64_t e, void* dst) {
+std::vector<BytePiece> expert_pieces(const PackedExperts& p, int64_t e) {
   MOE_CHECK(e >= 0 && e < p.n_experts, "expert slot {} outside [0, {})", e, p.n_experts);
-  char* out = static_cast<char*>(dst);
+  std::vector<BytePiece> out;
   const size_t wb = p.bytes_per_expert();
-  std::memcpy(out, static_cast<const char*>(p.data.raw()) + e * wb, wb);
-  out += wb;
+  // The storage is shared (Tensor), so const here only means "this call writes nothing".
+  out.push_back({static_cast<char*>(const_cast<void*>(p.data.raw())) + e * wb, wb});
   for (const Tensor* t : side_tensors(p)) {
-    const size_t rb = side_row_bytes(p, *t);
-    if (rb) std::memcpy(out, static_cast<const char*>(t->raw()) + e * rb, rb);
-    out += rb;
+    if (!t->defined()) continue;
+    MOE_CHECK(t->dim(0) == p.n_experts && t->is_contiguous(),
+              "packed experts: a side tensor {} does not hold one row per expert of {}", t->describe(), p.n_experts);
+    const size_t rb = t->nbytes() / static_cast<size_t>(p.n_experts);
+    out.push_back({static_cast<char*>(const_cast<void*>(t->raw())) + e * rb, rb});
   }
+  return out;
 }
 
-void write_expert_blob(PackedExperts& p, int64_t e, const void* src) {
-  MOE_CHECK(e >= 0 && e < p.n_experts, "expert slot {} outside [0, {})", e, p.n_experts);
-  const char* in = static_cast<const char*>(src);
-  const size_t wb = p.bytes_per_expert();
-  std::memcpy(static_cast<char*>(p.data.raw()) + e * wb, in, wb);
-  in += wb;
-  for (Tensor* t : side_tensors(p)) {
-    const size_t rb = side_row_bytes(p, *t);
-    if (rb) std::memcpy(static_cast<char*>(t->raw()) + e * rb, in, rb);
-    in += rb;
+void copy_expert(PackedExperts& dst, int64_t d, const PackedExperts& src, int64_t s) {
+  const std::vector<BytePiece> to = expert_pieces(dst, d), from = expert_pieces(src, s);
+  MOE_CHECK(to.size() == from.size(), "copy_expert: the two packed experts have other formats");
+  for (size_t i = 0; i < to.size(); ++i) {
+    MOE_CHECK(to[i].bytes == from[i].bytes, "copy_expert: the two packed experts have other formats");
+    std::memcpy(to[i].data, from[i].data, to[i].bytes);
   }
 }
 

@@ -112,12 +112,18 @@ void advise_huge_pages(void* data, size_t bytes);
 // so no pass of ours writes the zeros, and each page is faulted in by whoever first
 // writes it (the packers, on every thread) instead of by one memset. Smaller: zeros().
 Tensor zeroed_huge_pages(const Shape& shape, DType dtype);
-// Moving expert slots (load balancing, moe/placement.h): an expert of a PackedExperts as
-// one flat blob, its packed weights then its rows of every per-expert side tensor
-// (w_scale, w_comp, smooth, act_scale, w_zero), so a copy is bit-exact in every format.
-size_t expert_blob_bytes(const PackedExperts& p);
-void read_expert_blob(const PackedExperts& p, int64_t e, void* dst);   // p's expert e -> dst
-void write_expert_blob(PackedExperts& p, int64_t e, const void* src);  // src -> p's expert e
+// Moving expert slots (load balancing, moe/placement.h): expert e of a PackedExperts
+// is its packed weights plus its row of every per-expert side tensor (w_scale, w_comp,
+// smooth, act_scale, w_zero); expert_pieces lists those byte ranges in a fixed order
+// (the same for every PackedExperts of one format), so a copy or a transfer piece by
+// piece is bit-exact in every format and needs no staging buffer.
+struct BytePiece {
+  char* data;
+  size_t bytes;
+};
+std::vector<BytePiece> expert_pieces(const PackedExperts& p, int64_t e);
+// dst's expert d = src's expert s (same format: dtype, shape, block sizes, side tensors).
+void copy_expert(PackedExperts& dst, int64_t d, const PackedExperts& src, int64_t s);
 // n_experts zeroed slots of p's format (dtype, shape, block sizes, side tensors).
 PackedExperts make_packed_like(const PackedExperts& p, int64_t n_experts);
 // Unpacks expert e back to an f32 [n, k] tensor (tests and debugging; I8: q * scale;

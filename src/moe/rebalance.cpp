@@ -23,16 +23,11 @@ int64_t slot_on(const Placement& p, int64_t e, int r) {
   return -1;
 }
 
-size_t slot_blob_bytes(const MoeLayerWeights& w) { return expert_blob_bytes(w.w13) + expert_blob_bytes(w.w2); }
-
-void read_slot(const MoeLayerWeights& w, int64_t local, char* dst) {
-  read_expert_blob(w.w13, local, dst);
-  read_expert_blob(w.w2, local, dst + expert_blob_bytes(w.w13));
-}
-
-void write_slot(MoeLayerWeights& w, int64_t local, const char* src) {
-  write_expert_blob(w.w13, local, src);
-  write_expert_blob(w.w2, local, src + expert_blob_bytes(w.w13));
+// Both packed tensors of a slot, piece by piece (kernels/grouped_gemm.h expert_pieces).
+std::vector<BytePiece> slot_pieces(const MoeLayerWeights& w, int64_t local) {
+  std::vector<BytePiece> p = expert_pieces(w.w13, local);
+  for (const BytePiece& q : expert_pieces(w.w2, local)) p.push_back(q);
+  return p;
 }
 
 }  // namespace
@@ -62,32 +57,32 @@ void EpMoeLayer::begin_rebalance(Placement next) {
   w.slot_expert = nx.identity() ? std::vector<int32_t>{} : nx.slot_experts();
   w.w13 = make_packed_like(old.w13, nx.n_local(my_ep));
   w.w2 = make_packed_like(old.w2, nx.n_local(my_ep));
-  const size_t blob = slot_blob_bytes(old);
 
   // The plan, computed alike on every rank: new slots in (EP rank, slot) order, each
-  // from this EP rank's own old slot of the expert or from one replica's holder.
+  // from this EP rank's own old slot of the expert or from one replica's holder. The
+  // pieces travel straight between the packed storages (no staging copies), and the
+  // receiving slots are new buffers, so nothing in use is written.
   std::vector<Communicator::Message> sends, recvs;
-  std::vector<char> tmp(blob);
   for (int d = 0; d < nx.ep(); ++d)
     for (int64_t s = nx.begin(d); s < nx.end(d); ++s) {
       const int32_t e = nx.logical(s);
       const int64_t own = slot_on(cur, e, d);
       const int src = own >= 0 ? d : cur.owner(cur.replicas(e)[d % cur.n_replicas(e)]);
       if (d == my_ep && own >= 0) {  // held already: a local copy
-        read_slot(old, cur.local_index(own), tmp.data());
-        write_slot(w, s - nx.begin(d), tmp.data());
+        copy_expert(w.w13, s - nx.begin(d), old.w13, cur.local_index(own));
+        copy_expert(w.w2, s - nx.begin(d), old.w2, cur.local_index(own));
         ++p->stats.slots_copied;
       } else if (d == my_ep) {
-        p->recv.emplace_back(blob);
-        p->recv_slot.push_back(s - nx.begin(d));
-        recvs.push_back({src * tp + tp_rank, p->recv.back().data(), blob});
+        for (const BytePiece& q : slot_pieces(w, s - nx.begin(d))) {
+          recvs.push_back({src * tp + tp_rank, q.data, q.bytes});
+          p->stats.bytes_received += static_cast<double>(q.bytes);
+        }
         ++p->stats.slots_received;
-        p->stats.bytes_received += static_cast<double>(blob);
       } else if (src == my_ep && own < 0) {
-        p->send.emplace_back(blob);
-        read_slot(old, cur.local_index(slot_on(cur, e, my_ep)), p->send.back().data());
-        sends.push_back({d * tp + tp_rank, p->send.back().data(), blob});
-        p->stats.bytes_sent += static_cast<double>(blob);
+        for (const BytePiece& q : slot_pieces(old, cur.local_index(slot_on(cur, e, my_ep)))) {
+          sends.push_back({d * tp + tp_rank, q.data, q.bytes});
+          p->stats.bytes_sent += static_cast<double>(q.bytes);
+        }
       }
     }
   p->req = world_.isend_recv(sends, recvs, kRebalanceTag);
@@ -100,7 +95,6 @@ RebalanceStats EpMoeLayer::finish_rebalance() {
   const double t0 = dispatch::now_s();
   Pending& p = *pending_;
   p.req->wait();
-  for (size_t i = 0; i < p.recv.size(); ++i) write_slot(p.w, p.recv_slot[i], p.recv[i].data());
   layer_ = MoeLayer(layer_.config(), std::move(p.w));
   placement_ = std::move(p.next);
   attach_placement();

@@ -11,9 +11,7 @@ namespace moe {
 struct EpMoeLayer::Pending {
   Placement next;
   MoeLayerWeights w;                // this rank's slots under next
-  std::vector<std::vector<char>> send, recv;  // one blob per message
-  std::vector<int64_t> recv_slot;   // local slot (under next) of each receive
-  std::unique_ptr<CommRequest> req;
+  std::unique_ptr<CommRequest> req;  // the slots' pieces in flight (into w, from the current slots)
   RebalanceStats stats;
 };
 

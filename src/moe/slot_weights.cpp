@@ -20,7 +20,6 @@ MoeLayerWeights load_slot_weights(const Placement& p, int ep_rank,
     return w;
   }
   MoeLayerWeights out;
-  std::vector<char> blob;
   const int64_t n = static_cast<int64_t>(experts.size());
   for (int64_t i = 0; i < n;) {
     int64_t j = i + 1;
@@ -34,12 +33,10 @@ MoeLayerWeights load_slot_weights(const Placement& p, int ep_rank,
       out.w13 = make_packed_like(run.w13, n);
       out.w2 = make_packed_like(run.w2, n);
     }
-    for (int64_t s = i; s < j; ++s)
-      for (auto [dst, src] : {std::pair{&out.w13, &run.w13}, std::pair{&out.w2, &run.w2}}) {
-        blob.resize(expert_blob_bytes(*src));
-        read_expert_blob(*src, s - i, blob.data());
-        write_expert_blob(*dst, s, blob.data());
-      }
+    for (int64_t s = i; s < j; ++s) {
+      copy_expert(out.w13, s, run.w13, s - i);
+      copy_expert(out.w2, s, run.w2, s - i);
+    }
     i = j;
   }
   fix(out);
