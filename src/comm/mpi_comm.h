@@ -86,7 +86,10 @@ bool mpi_active();
 void set_mpi_exit_timeout(const Communicator* world);
 // Prints "moe-ep: rank R: <why>" (R: the rank in MPI_COMM_WORLD, 0 without MPI)
 // and stops the job: MPI_Abort(MPI_COMM_WORLD, 1) when MPI is active, else exit(1).
-[[noreturn]] void abort_job(const std::string& why);
+// With grace_s > 0 it first waits that long (answering liveness pings), so that the
+// other ranks' reports get out before the abort kills them. When MPI_Abort does not
+// end this process within 3 s (its daemon is cut off from mpirun) it _exits(1).
+[[noreturn]] void abort_job(const std::string& why, double grace_s = 0);
 // Tests only: pretend MPI counts stop at `limit` instead of INT_MAX, so the
 // large-count paths can be exercised with small buffers. limit <= 0 restores INT_MAX.
 void set_mpi_count_limit_for_testing(long long limit);
