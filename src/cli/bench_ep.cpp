@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "cli/bench_cmd.h"
 #include "cli/bench_common.h"
 #include "comm/groups.h"
@@ -189,9 +190,7 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
         "saved = no-ovl - ms/call,\nhidden = saved / shared. comm GB/s: bytes this rank sent per call / comm time "
         "(no-overlap pass); raw: MPI all-to-all-v of the same bytes.\n");
     if (!o.json_path.empty()) {
-      std::ofstream out(o.json_path);
-      MOE_CHECK(out.good(), "cannot write --json file {}", o.json_path);
-      out << records.dump(2) << "\n";
+      write_file_atomic(o.json_path, records.dump(2) + "\n", "--json");
     }
     if (!all_ok) fmt::print(stderr, "moe-ep bench: the output check FAILED; the timings above are not valid\n");
   }

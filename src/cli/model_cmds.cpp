@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 
+#include "core/atomic_file.h"
 #include "cli/model_opts.h"
 #include "cli/parallel_opts.h"
 #include "cli/text_opts.h"
@@ -207,9 +208,7 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
                     {"decode_tokens_per_s", dec_tps}};
     j["expert_load"] = r.expert_load;
     j["expert_load_max_over_mean"] = spread;
-    std::ofstream out(g.output_json);
-    MOE_CHECK(out.good(), "cannot write --output-json {}", g.output_json);
-    out << j.dump(1) << "\n";
+    write_file_atomic(g.output_json, j.dump(1) + "\n", "--output-json");
   }
   return 0;
 }
