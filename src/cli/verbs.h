@@ -26,5 +26,6 @@ std::vector<Verb> add_text_verbs(CLI::App& app);     // cli/text_cmds.cpp (token
 Verb add_chat_verb(CLI::App& app);                   // cli/chat_cmd.cpp (interactive chat)
 Verb add_serve_verb(CLI::App& app);                  // cli/serve_cmd.cpp (OpenAI-compatible server)
 Verb add_bench_serve_verb(CLI::App& app);            // cli/bench_serve_cmd.cpp (load generator)
+Verb add_plan_verb(CLI::App& app);                   // cli/plan_cmd.cpp (cluster sizing on paper)
 
 }  // namespace moe
