@@ -15,6 +15,9 @@
 #                         mid-generation, host 2's link goes down / its rank is SIGKILLed /
 #                         frozen (SIGSTOP): every survivor reports the lost rank and host
 #                         within --comm-timeout + 5 s, the job ends, no output file is left
+#   clock <shim.so>       every rank's wall clock jumps 1 h forward, then back, mid-generation
+#                         (clock_jump.cpp, LD_PRELOAD): the bounded waits (steady_clock) notice
+#                         nothing, --comm-timeout 2 does not fire, the tokens equal one rank's
 #   skip-reason           the bed's check, run as a user without CAP_NET_ADMIN, says why and exits 77
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason where namespaces cannot be made.
 set -euo pipefail
@@ -220,6 +223,19 @@ case "$case_" in
     check_layer 3 1 alltoall
     check_layer 3 1 allgather
     check_generate 3 1 --ep 3 --dp 3 --moe-comm alltoall-ll ;;
+  clock)
+    so=$(readlink -f "$3")
+    up 3
+    c_args=(generate --model "$gen_model" --prompt-ids "1,2,3;4,5,6;7,8" --max-new-tokens 1500 --ignore-eos)
+    "$bin" "${c_args[@]}" | tokens >"$tmp/clock_one.txt"
+    t0=$(date +%s%N)
+    timeout -k 5 120 bash "$bed" mpirun "$id" 3 1 -x LD_PRELOAD="$so" -x CLOCK_JUMP_AT_S=0.3 -x CLOCK_JUMP_S=3600 -- \
+      "$bin" "${c_args[@]}" --ep 3 --dp 3 --comm-timeout 2 | tokens >"$tmp/clock_ep.txt" || fail "generate under clock jumps failed"
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    # The jumps come 0.3 s and 0.6 s after a rank's first clock read: the run must outlast them.
+    [ "$ms" -ge 1000 ] || fail "the run took $ms ms, too short to span both clock jumps (make it longer)"
+    diff -q "$tmp/clock_one.txt" "$tmp/clock_ep.txt" >/dev/null || fail "tokens differ from one rank under clock jumps"
+    echo "ok: generate on 3 hosts across +1 h and -1 h wall-clock jumps ($ms ms), tokens equal one rank's" ;;
   fault-link) fault_case link ;;
   fault-kill) fault_case kill ;;
   fault-stop) fault_case stop ;;
