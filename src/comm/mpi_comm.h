@@ -5,8 +5,11 @@
 // about a millisecond, then yields, then sleeps in short naps so that waiting ranks
 // leave the CPU to the ranks still computing (oversubscribed runs). On the deadline
 // the job is aborted with a message naming the operation, the communicator, this
-// rank and the timeout. MPI errors are returned (MPI_ERRORS_RETURN) and turned into
-// moe::Error carrying MPI_Error_string.
+// rank and the timeout, and naming the ranks that are lost: before aborting, the rank
+// pings every other rank on a private communicator (every rank answers pings while it
+// waits, saying what it waits for) and reports those that did not answer within 2 s
+// with their host names (gathered at MPI init). MPI errors are returned
+// (MPI_ERRORS_RETURN) and turned into moe::Error carrying MPI_Error_string.
 //
 // Counts: MPI counts are int. Byte collectives whose sizes or offsets exceed
 // INT_MAX are expressed in blocks of 2^k bytes (a contiguous derived datatype,
