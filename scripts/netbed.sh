@@ -42,6 +42,10 @@ case "$cmd" in
       echo "netbed: skipped: cannot create a bridge here: $err"; exit 77
     fi
     ip link del "mbp$$" 2>/dev/null || true
+    if ! err=$(ip link add "mbv$$" type veth peer name "mbw$$" 2>&1); then
+      echo "netbed: skipped: cannot create a veth pair here: $err"; exit 77
+    fi
+    ip link del "mbv$$" 2>/dev/null || true
     if ! err=$(unshare --uts true 2>&1); then
       echo "netbed: skipped: cannot create a UTS namespace here: $err"; exit 77
     fi
@@ -72,7 +76,8 @@ case "$cmd" in
       # Measured here with a cut link and --comm-timeout 3 (fault-link test): the job
       # ended 7.8 / 9.5 / 12.8 s after the cut with 1 / 2 / 3. This netns only: see
       # docs/SCALE.md for real hosts.
-      ip netns exec "$head" sysctl -q -w net.ipv4.tcp_retries2="${NETBED_TCP_RETRIES2:-2}"
+      ip netns exec "$head" sysctl -q -w net.ipv4.tcp_retries2="${NETBED_TCP_RETRIES2:-2}" ||
+        echo "netbed: warning: cannot set tcp_retries2 in the launch namespace: a job that lost a host may end only after TCP gives up (minutes)"
       for i in $(seq 1 "$n"); do
         ns=$(host_name "$id" "$i")
         ip netns add "$ns"
