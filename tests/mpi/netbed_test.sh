@@ -18,7 +18,8 @@
 #   clock <shim.so>       every rank's wall clock jumps 1 h forward, then back, mid-generation
 #                         (clock_jump.cpp, LD_PRELOAD): the bounded waits (steady_clock) notice
 #                         nothing, --comm-timeout 2 does not fire, the tokens equal one rank's
-#   skip-reason           the bed's check, run as a user without CAP_NET_ADMIN, says why and exits 77
+#   skip-reason           the bed's check, run as nobody and as root without CAP_NET_ADMIN, says
+#                         why and exits 77
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason where namespaces cannot be made.
 set -euo pipefail
 bin=$(readlink -f "$1")
@@ -39,8 +40,19 @@ if [ "$case_" = skip-reason ]; then
   rc=$?
   set -e
   echo "$out"
-  [ "$rc" -eq 77 ] && grep -q "skipped: network namespaces need root" <<<"$out" && { echo "netbed_test: OK"; exit 0; }
-  echo "netbed_test: FAIL: expected exit 77 with the reason, got $rc"; exit 1
+  [ "$rc" -eq 77 ] && grep -q "skipped: network namespaces need root" <<<"$out" ||
+    { echo "netbed_test: FAIL: expected exit 77 with the reason, got $rc"; exit 1; }
+  if [ "$(id -u)" -eq 0 ]; then
+    # Root without CAP_NET_ADMIN (a container that drops it): the same, with the kernel's answer.
+    set +e
+    out=$(setpriv --bounding-set -net_admin --inh-caps -net_admin bash "$bed" check 2>&1)
+    rc=$?
+    set -e
+    echo "$out"
+    [ "$rc" -eq 77 ] && grep -q "skipped: cannot create" <<<"$out" ||
+      { echo "netbed_test: FAIL: without CAP_NET_ADMIN expected exit 77 with the reason, got $rc"; exit 1; }
+  fi
+  echo "netbed_test: OK"; exit 0
 fi
 
 bash "$bed" check || exit $?
