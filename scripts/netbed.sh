@@ -60,35 +60,39 @@ case "$cmd" in
       if ip link add "mb$c" type bridge 2>/dev/null; then id=$c; break; fi
     done
     [ -n "$id" ] || { echo "netbed up: no free bed id (bridges mb1..mb250 all exist)" >&2; exit 1; }
-    s=$(subnet "$id")
-    {
-      ip link set "mb$id" up
-      # The launch host (h0, 10.213.<id>.254): mpirun runs there, as on a login node.
-      head=$(host_name "$id" 0)
-      ip netns add "$head"
-      ip link add "mb${id}h0" type veth peer name net0 netns "$head"
-      ip link set "mb${id}h0" master "mb$id" up
-      ip -n "$head" addr add "$s.254/24" dev net0
-      ip -n "$head" link set net0 up
-      ip -n "$head" link set lo up
-      # After an abort mpirun waits for every daemon it sent the kill to until TCP gives
-      # up on that connection: tcp_retries2 retransmissions (Linux default 15: ~15 min).
-      # Measured here with a cut link and --comm-timeout 3 (fault-link test): the job
-      # ended 7.8 / 9.5 / 12.8 s after the cut with 1 / 2 / 3. This netns only: see
-      # docs/SCALE.md for real hosts.
-      ip netns exec "$head" sysctl -q -w net.ipv4.tcp_retries2="${NETBED_TCP_RETRIES2:-2}" ||
-        echo "netbed: warning: cannot set tcp_retries2 in the launch namespace: a job that lost a host may end only after TCP gives up (minutes)"
-      for i in $(seq 1 "$n"); do
-        ns=$(host_name "$id" "$i")
-        ip netns add "$ns"
-        ip link add "mb${id}h$i" type veth peer name net0 netns "$ns"
-        ip link set "mb${id}h$i" master "mb$id" up
-        ip -n "$ns" addr add "$s.$i/24" dev net0
-        ip -n "$ns" link set net0 up
-        ip -n "$ns" link set lo up
-      done
-    } >&2 || { "$0" down "$id"; exit 1; }
+    # The rest in a child process: there `set -e` stops at the first failing command
+    # (in this one it would not, inside an || list), and a partial bed is removed.
+    bash "$0" _setup "$id" "$n" >&2 || { bash "$0" down "$id"; exit 1; }
     echo "$id" ;;
+  _setup)
+    id=$1 n=$2
+    s=$(subnet "$id")
+    ip link set "mb$id" up
+    # The launch host (h0, 10.213.<id>.254): mpirun runs there, as on a login node.
+    head=$(host_name "$id" 0)
+    ip netns add "$head"
+    ip link add "mb${id}h0" type veth peer name net0 netns "$head"
+    ip link set "mb${id}h0" master "mb$id" up
+    ip -n "$head" addr add "$s.254/24" dev net0
+    ip -n "$head" link set net0 up
+    ip -n "$head" link set lo up
+    # After an abort mpirun waits for every daemon it sent the kill to until TCP gives
+    # up on that connection: tcp_retries2 retransmissions (Linux default 15: ~15 min).
+    # Measured here with a cut link and --comm-timeout 3 (fault-link test): the job
+    # ended 7.8 / 9.5 / 12.8 s after the cut with 1 / 2 / 3. This netns only: see
+    # docs/SCALE.md for real hosts.
+    ip netns exec "$head" sysctl -q -w net.ipv4.tcp_retries2="${NETBED_TCP_RETRIES2:-2}" ||
+      echo "netbed: warning: cannot set tcp_retries2 in the launch namespace: a job that lost a host may end only after TCP gives up (minutes)"
+    for i in $(seq 1 "$n"); do
+      ns=$(host_name "$id" "$i")
+      ip netns add "$ns"
+      ip link add "mb${id}h$i" type veth peer name net0 netns "$ns"
+      ip link set "mb${id}h$i" master "mb$id" up
+      ip -n "$ns" addr add "$s.$i/24" dev net0
+      ip -n "$ns" link set net0 up
+      ip -n "$ns" link set lo up
+    done
+    ;;
   down)
     id=$1
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^moe${id}h[0-9]+$" || true); do
