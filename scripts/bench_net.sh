@@ -6,6 +6,7 @@
 #   scripts/bench_net.sh [options]
 #     --hosts N            hosts (ranks), default 2
 #     --shape S            `moe-ep bench` layer shape, default qwen3-30b-a3b
+#     --bench-args "..."   more `moe-ep bench` flags (e.g. --shape custom --hidden 64 ...)
 #     --tokens LIST        tokens per call, default 1,16
 #     --seconds S          time budget per token count (moe-ep bench --seconds), default 2
 #     --strategies LIST    default "alltoall alltoall-ll allgather allreduce"
@@ -26,11 +27,12 @@ root="$here/.."
 bin="${MOE_EP:-$root/build/moe-ep}"
 bed="$here/netbed.sh"
 hosts=2 shape=qwen3-30b-a3b tokens=1,16 seconds=2 strategies="alltoall alltoall-ll allgather allreduce"
-delays="0 50us 200us 1ms" rates="none 1gbit 10gbit 25gbit" model=1 layers=4 out=""
+delays="0 50us 200us 1ms" rates="none 1gbit 10gbit 25gbit" model=1 layers=4 out="" bench_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
     --shape) shape=$2; shift 2 ;;
+    --bench-args) bench_args=$2; shift 2 ;;
     --tokens) tokens=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --strategies) strategies=$2; shift 2 ;;
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
     --model-layers) layers=$2; shift 2 ;;
     --quick) delays=0 rates="1gbit"; shift ;;
     --out) out=$2; shift 2 ;;
-    *) sed -n '2,22p' "$0"; exit 2 ;;
+    *) sed -n '2,23p' "$0"; exit 2 ;;
   esac
 done
 [ -x "$bin" ] || { echo "bench_net: no moe-ep binary at $bin (build first, or set MOE_EP)"; exit 1; }
@@ -82,6 +84,7 @@ for d in $delays; do
 done
 for r in $rates; do [ "$r" != none ] && conditions+=("0 $r"); done
 
+failed=0
 table="$tmp/table.md"
 {
   echo "| delay | rate | strategy | tokens | ms/call | comm ms | comm share | MB/rank | decode tok/s |"
@@ -94,8 +97,8 @@ for c in "${conditions[@]}"; do
     j="$tmp/layer.json"
     rm -f "$j"
     timeout -k 5 600 bash "$bed" mpirun "$id" "$hosts" 1 "$bin" bench --shape "$shape" --tokens "$tokens" \
-      --seconds "$seconds" --ep "$hosts" --moe-comm "$s" --comm-timeout 120 --json "$j" >"$tmp/layer.log" 2>&1 ||
-      { echo "bench_net: bench failed ($d $r $s):"; tail -5 "$tmp/layer.log"; continue; }
+      --seconds "$seconds" --ep "$hosts" --moe-comm "$s" --comm-timeout 120 --json "$j" $bench_args >"$tmp/layer.log" 2>&1 ||
+      { echo "bench_net: bench failed ($d $r $s):"; tail -5 "$tmp/layer.log"; failed=1; continue; }
     dec="-"
     if [ "$model" = 1 ]; then
       mj="$tmp/model.json"
@@ -105,7 +108,7 @@ for c in "${conditions[@]}"; do
         --comm-timeout 120 --json "$mj" >"$tmp/model.log" 2>&1; then
         dec=$(jq -r '.decode[0].tokens_per_s | . * 10 | round / 10' "$mj")
       else
-        dec="failed"; echo "bench_net: bench-model failed ($d $r $s):" >&2; tail -5 "$tmp/model.log" >&2
+        dec="failed"; failed=1; echo "bench_net: bench-model failed ($d $r $s):" >&2; tail -5 "$tmp/model.log" >&2
       fi
     fi
     jq -r --arg d "$d" --arg r "$r" --arg s "$s" --arg dec "$dec" '.[] |
@@ -118,4 +121,4 @@ echo
 echo "moe-ep bench --shape $shape on $hosts netns hosts (one rank each, TCP), $(nproc) cores shared by all; decode: bench-model --layers $layers, batch 1, attention replicated (bench-model runs pure EP)"
 cat "$table"
 [ -n "$out" ] && cp "$table" "$out"
-exit 0
+exit $failed

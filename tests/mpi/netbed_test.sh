@@ -18,6 +18,7 @@
 #   clock <shim.so>       every rank's wall clock jumps 1 h forward, then back, mid-generation
 #                         (clock_jump.cpp, LD_PRELOAD): the bounded waits (steady_clock) notice
 #                         nothing, --comm-timeout 2 does not fire, the tokens equal one rank's
+#   bench-smoke           scripts/bench_net.sh --quick on a tiny layer prints its table row
 #   skip-reason           the bed's check, run as nobody and as root without CAP_NET_ADMIN, says
 #                         why and exits 77
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason where namespaces cannot be made.
@@ -249,6 +250,12 @@ case "$case_" in
     [ "$ms" -ge 1000 ] || fail "the run took $ms ms, too short to span both clock jumps (make it longer)"
     diff -q "$tmp/clock_one.txt" "$tmp/clock_ep.txt" >/dev/null || fail "tokens differ from one rank under clock jumps"
     echo "ok: generate on 3 hosts across +1 h and -1 h wall-clock jumps ($ms ms), tokens equal one rank's" ;;
+  bench-smoke)
+    out=$(MOE_EP="$bin" bash "$root/scripts/bench_net.sh" --quick --no-model --strategies alltoall --tokens 1 \
+            --seconds 0.05 --shape custom --bench-args "--hidden 64 --inter 32 --experts 8 --topk 2") ||
+      fail "bench_net.sh failed: $out"
+    echo "$out"
+    grep -Eq '^\| 0 \| 1gbit \| alltoall \| 1 \| [0-9.]+ \| [0-9.]+ \|' <<<"$out" || fail "bench_net.sh printed no 1gbit alltoall row" ;;
   fault-link) fault_case link ;;
   fault-kill) fault_case kill ;;
   fault-stop) fault_case stop ;;
