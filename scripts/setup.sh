@@ -11,6 +11,7 @@ PACKAGES=(
   libonig-dev libutf8proc-dev                  # tokenizer regexes (as HF tokenizers), Unicode normalisation
   libsentencepiece-dev                         # tokenizer.model (SentencePiece) files
   libcpp-httplib-dev curl jq                   # moe-ep serve (HTTP); the client and JSON tool its tests use
+  iproute2 nftables util-linux                 # the multi-host test bed: network namespaces, veths, tc, packet loss
   clang libclang-rt-14-dev                     # libFuzzer targets (tokenizer, templates)
 )
 

@@ -2,6 +2,8 @@
 # Builds moe-ep and runs every test. The README's test command; .ci/run calls it.
 #   1. Release build, then ctest: unit and fixture tests, the multi-rank suites under
 #      mpirun with 1-4 ranks, and the fault tests.
+#      As root also the multi-host bed (ctest -R netbed; docs/SCALE.md): hosts as network
+#      namespaces, OpenMPI over TCP, faults mid-run; skipped with the reason elsewhere.
 #      Among them: the tokenizer and chat-template suites against HF tokenizers /
 #      transformers / jinja2 goldens, and `moe-ep serve` end to end under curl (1 and 2 ranks).
 #   2. The loader suites (hostile-checkpoint corpus, safetensors validation, sharding,

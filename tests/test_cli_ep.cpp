@@ -128,7 +128,7 @@ TEST(CliEplb, LoadFilePlacementFileAndRedundantSlots) {
             0)
       << log;
   EXPECT_NE(log.find("global policy"), std::string::npos) << log;
-  for (const std::string flags : {"--moe-comm alltoall --placement " + (tmp / "pl.json"),
+  for (const std::string& flags : {"--moe-comm alltoall --placement " + (tmp / "pl.json"),
                                   std::string("--moe-comm alltoall-ll --redundant-experts 4")}) {
     SCOPED_TRACE(flags);
     const std::string out = tmp / "ep.safetensors";
@@ -159,6 +159,37 @@ TEST(CliEplb, LoadFilePlacementFileAndRedundantSlots) {
             0);
   EXPECT_NE(log.find("load of layer 1 has 2 entries, expected 4"), std::string::npos) << log;
   EXPECT_FALSE(std::ifstream(tmp / "x.json").good()) << "a failed run must not leave an output file";
+}
+
+// On one rank: --moe-chunk-tokens runs the layer in chunks (same bits), and the flags
+// that only steer communication say once that they do nothing.
+TEST(CliEp, OneRankAppliesChunkingAndNamesTheIdleFlags) {
+  test::TempDir tmp;
+  const std::string model = fixture("deepseek_v3"), in = model + "/golden/L1_T33_in.safetensors";
+  std::string log;
+  ASSERT_EQ(test::run_command(layer_cmd(model, 1, in, tmp / "whole.safetensors", ""), &log), 0) << log;
+  const std::string chunked_cmd = std::string(MOE_EP_BINARY) + " layer --model " + model + " --layer 1 --input " + in +
+                                  " --output " + (tmp / "chunked.safetensors") + " --moe-chunk-tokens 4";
+  ASSERT_EQ(test::run_command(chunked_cmd, &log), 0) << log;
+  EXPECT_NE(log.find("1 rank, 9 chunks of <= 4 tokens"), std::string::npos) << log;  // 33 rows: 8 x 4 + 1
+  EXPECT_EQ(read_file(tmp / "chunked.safetensors"), read_file(tmp / "whole.safetensors"));
+  EXPECT_EQ(log.find("do nothing on one rank"), std::string::npos) << log;
+
+  ASSERT_EQ(test::run_command(layer_cmd(model, 1, in, tmp / "y.safetensors",
+                                        "--moe-comm alltoall --no-overlap --max-tokens-per-rank 8"),
+                              &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("moe-ep: note: --moe-comm alltoall --max-tokens-per-rank 8 --no-overlap do nothing on one rank"),
+            std::string::npos)
+      << log;
+
+  // The whole model: chunked MoE calls give the same logits bit for bit.
+  const std::string fwd = std::string(MOE_EP_BINARY) + " forward --quiet --model " + model +
+                          " --prompt-ids '1,2,3,4,5,6,7;8,9' --logits ";
+  ASSERT_EQ(test::run_command(fwd + (tmp / "l1.safetensors"), &log), 0) << log;
+  ASSERT_EQ(test::run_command(fwd + (tmp / "l2.safetensors") + " --moe-chunk-tokens 2", &log), 0) << log;
+  EXPECT_EQ(read_file(tmp / "l1.safetensors"), read_file(tmp / "l2.safetensors"));
 }
 
 }  // namespace

@@ -4,12 +4,16 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "test_util.h"
 
 namespace moe {
 namespace {
@@ -130,6 +134,34 @@ TEST(Cpu, IsaRequestAboveTheHardwareFails) {
     }
   }
   EXPECT_THROW(parse_isa_request("sse9", "--isa"), Error);
+}
+
+TEST(AtomicFile, ReplacesWholeAndLeavesNoTempFile) {
+  test::TempDir tmp;
+  const std::string path = tmp / "out.json";
+  write_file_atomic(path, "first\n", "--output-json");
+  write_file_atomic(path, "second, longer\n", "--output-json");
+  std::ifstream in(path);
+  const std::string got((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(got, "second, longer\n");
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+}
+
+TEST(AtomicFile, FailureNamesTheFlagAndLeavesNothing) {
+  test::TempDir tmp;
+  const std::string path = tmp / "no_such_dir/out.json";
+  try {
+    write_file_atomic(path, "x", "--output-json");
+    FAIL() << "writing into a missing directory succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--output-json " + path + ": cannot create"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  // A directory where the file should go: the rename fails, the temp file is removed.
+  const std::string dir_path = tmp / "is_a_dir";
+  std::filesystem::create_directory(dir_path);
+  EXPECT_THROW(write_file_atomic(dir_path, "x", "--json"), Error);
+  EXPECT_FALSE(std::filesystem::exists(dir_path + ".tmp"));
 }
 
 }  // namespace

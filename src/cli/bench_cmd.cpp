@@ -1,3 +1,4 @@
+#include "core/atomic_file.h"
 #include "cli/bench_cmd.h"
 
 #include "cli/bench_common.h"
@@ -231,9 +232,7 @@ int run_bench_cmd(const BenchOptions& o) {
     }
   }
   if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path);
-    MOE_CHECK(out.good(), "cannot write --json file {}", o.json_path);
-    out << records.dump(2) << "\n";
+    write_file_atomic(o.json_path, records.dump(2) + "\n", "--json");
   }
   if (!all_ok) fmt::print(stderr, "moe-ep bench: the output check FAILED; the timings above are not valid\n");
   return all_ok ? 0 : 2;

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "cli/bench_cmd.h"
 #include "cli/bench_common.h"
 #include "comm/groups.h"
@@ -213,9 +214,7 @@ int run_bench_ep(const BenchOptions& o, Communicator& world) {
         "combine exchanges of a call) timed alone; last ms: the least blocked rank's comm (the last to\narrive "
         "waits for the exchange only: the rest of comm is waiting for the peers' compute); x raw = last ms / raw ms.\n");
     if (!o.json_path.empty()) {
-      std::ofstream out(o.json_path);
-      MOE_CHECK(out.good(), "cannot write --json file {}", o.json_path);
-      out << records.dump(2) << "\n";
+      write_file_atomic(o.json_path, records.dump(2) + "\n", "--json");
     }
     if (!all_ok) fmt::print(stderr, "moe-ep bench: the output check FAILED; the timings above are not valid\n");
   }

@@ -34,6 +34,7 @@
 #include <fstream>
 #include <memory>
 
+#include "core/atomic_file.h"
 #include "cli/bench_common.h"
 #include "cli/parallel_opts.h"
 #include "cli/verbs.h"
@@ -132,7 +133,7 @@ void write_checkpoint(const std::string& dir, const ModelShape& s, const BenchMo
                         {"hidden_act", "silu"},
                         {"attention_bias", false},
                         {"use_sliding_window", false}};
-  std::ofstream(dir + "/config.json") << cfg.dump(1) << "\n";
+  write_file_atomic(dir + "/config.json", cfg.dump(1) + "\n", "the model config");
   const DType dt = parse_dtype(o.dtype);
   std::vector<std::pair<std::string, Tensor>> t;
   auto rnd = [&](const Shape& shape, float scale, uint64_t seed) {
@@ -567,9 +568,7 @@ int run_bench_model(const BenchModelOptions& o) {
         read_probe_loads(), threads, peak_probe_name(probe), peak_probe_what(probe), threads, o.dtype,
         isa_name(active_isa()), o.quantize == "w8a8" ? "; the W8A8 routed experts run int8 instructions" : "");
     if (!o.json_path.empty()) {
-      std::ofstream out(o.json_path);
-      MOE_CHECK(out.good(), "cannot write --json file {}", o.json_path);
-      out << rec.dump(2) << "\n";
+      write_file_atomic(o.json_path, rec.dump(2) + "\n", "--json");
     }
   }
   if (!all_ok && root) fmt::print(stderr, "moe-ep bench-model: the decode passes disagreed; the timings are not valid\n");

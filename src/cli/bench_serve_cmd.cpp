@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 
+#include "core/atomic_file.h"
 #include "cli/verbs.h"
 #include "core/check.h"
 #include "serve/bench_client.h"
@@ -32,10 +33,7 @@ int run_bench_serve_cmd(serve::BenchServeOptions& o, const std::string& output_j
     for (const auto& e : L.error_samples) fmt::print("concurrency {}: error: {}\n", L.concurrency, e);
   }
   if (!output_json.empty()) {
-    std::ofstream f(output_json);
-    MOE_CHECK(f, "cannot write {}", output_json);
-    f << serve::bench_json(o, result).dump(2) << "\n";
-    MOE_CHECK(f.good(), "writing {} failed", output_json);
+    write_file_atomic(output_json, serve::bench_json(o, result).dump(2) + "\n", "--output-json");
   }
   if (errors) fmt::print(stderr, "bench-serve: {} requests failed: the figures cover the completed ones only\n", errors);
   return errors ? 1 : 0;

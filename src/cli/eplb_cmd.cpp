@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/verbs.h"
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "moe/eplb.h"
 #include "moe/placement_file.h"
@@ -73,7 +74,7 @@ int run(const EplbCmd& o) {
              "replicas): contiguous {:.3f}, EPLB {:.3f}{}\nwrote {}\n",
              sum_c / L, sum_n / L, cur ? fmt::format("; {} expert slots move from --current", moved_total) : "",
              o.output);
-  write_json_file(o.output, to_json(out));
+  write_file_atomic(o.output, to_json(out).dump(1) + "\n", "--output");
   return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 
+#include "core/atomic_file.h"
 #include "cli/verbs.h"
 #include "core/check.h"
 #include "loader/checkpoint.h"
@@ -194,10 +195,7 @@ int run_inspect(const InspectOptions& o) {
     for (const auto& r : loads)
       lj.push_back({{"rank", r.rank}, {"bytes_read", r.bytes_touched}, {"planned_bytes", r.planned},
                     {"seconds", r.seconds}, {"gb_per_s", r.seconds > 0 ? r.bytes_touched / r.seconds / 1e9 : 0.0}});
-    std::ofstream out(o.json_path);
-    MOE_CHECK(out.good(), "--json {}: cannot write the file", o.json_path);
-    out << j.dump(2) << "\n";
-    MOE_CHECK(out.good(), "--json {}: write failed", o.json_path);
+    write_file_atomic(o.json_path, j.dump(2) + "\n", "--json");
   }
 
   MOE_CHECK(n_errors == 0, "{}: {} missing or mis-shaped tensor{} (listed above); first: {}", o.model_dir, n_errors,

@@ -3,6 +3,8 @@
 #include "cli/verbs.h"
 
 #include <CLI/CLI.hpp>
+
+#include <algorithm>
 #include <fmt/core.h>
 
 #include <chrono>
@@ -95,7 +97,14 @@ void run_layer_cmd(const LayerCmdOptions& opt) {
     }
     load_s = seconds_since(t0);
     const auto t1 = std::chrono::steady_clock::now();
-    if (is_moe) {
+    const int64_t chunk = po.chunk_tokens;
+    if (is_moe && chunk > 0 && T > chunk) {
+      // --moe-chunk-tokens on one rank: calls of at most `chunk` rows bound the scratch.
+      y = Tensor::zeros({T, H}, DType::F32);
+      for (int64_t b = 0; b < T; b += chunk)
+        moe_layer->forward(x.slice_rows(b, std::min(T, b + chunk)), y.data<float>() + b * H);
+      how = fmt::format("1 rank, {} chunks of <= {} tokens", (T + chunk - 1) / chunk, chunk);
+    } else if (is_moe) {
       y = moe_layer->forward(x);
     } else {
       y = Tensor::zeros({T, H}, DType::F32);

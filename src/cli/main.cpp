@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   verbs.push_back(moe::add_serve_verb(app));
   verbs.push_back(moe::add_bench_serve_verb(app));
   verbs.push_back(moe::add_eplb_verb(app));
+  verbs.push_back(moe::add_plan_verb(app));
   for (auto& v : verbs) add_global(v.cmd, g);
 
   try {

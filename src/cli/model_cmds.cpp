@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 
+#include "core/atomic_file.h"
 #include "cli/model_opts.h"
 #include "cli/parallel_opts.h"
 #include "cli/text_opts.h"
@@ -217,7 +218,7 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
                    {"rank0_max_stall_s", r.eplb->max_stall_s},
                    {"imbalance_before", r.eplb->imbalance_before},
                    {"imbalance_after", r.eplb->imbalance_after}};
-    write_json_file(g.output_json, j);
+    write_file_atomic(g.output_json, j.dump(1) + "\n", "--output-json");
   }
   if (!g.expert_load_out.empty()) {
     // The whole run's load (every replica once): the input of `moe-ep eplb`.
@@ -229,7 +230,7 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
       f.layers.push_back(static_cast<int64_t>(l));
       f.load.emplace_back(r.expert_load[l].begin(), r.expert_load[l].end());
     }
-    write_json_file(g.expert_load_out, to_json(f));
+    write_file_atomic(g.expert_load_out, to_json(f).dump(1) + "\n", "--expert-load-out");
   }
   return 0;
 }

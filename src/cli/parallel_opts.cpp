@@ -93,6 +93,20 @@ Communicator& parallel_world(const ParallelOptions& o) {
   Communicator& world = world_comm(want);
   world.set_timeout(o.comm_timeout);
   validate_parallel_config(o.par, world.size());
+  if (world.size() == 1) {
+    // Nothing travels between ranks here: say so once instead of ignoring the flags.
+    const ParallelOptions dflt;
+    std::string unused;
+    if (o.moe_comm != dflt.moe_comm) unused += " --moe-comm " + o.moe_comm;
+    if (o.max_tokens_per_rank != dflt.max_tokens_per_rank)
+      unused += " --max-tokens-per-rank " + std::to_string(o.max_tokens_per_rank);
+    if (o.no_overlap) unused += " --no-overlap";
+    if (!unused.empty())
+      fmt::print(stderr,
+                 "moe-ep: note:{} do nothing on one rank (no communication; --moe-chunk-tokens does apply: it "
+                 "bounds each MoE call's rows)\n",
+                 unused);
+  }
   MOE_CHECK(!(o.moe_comm == "allreduce" && o.par.dp > 1),
             "--moe-comm allreduce needs every rank to hold the same tokens: use --dp 1, or allgather/alltoall with "
             "--dp {}",

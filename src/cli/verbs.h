@@ -27,5 +27,6 @@ Verb add_chat_verb(CLI::App& app);                   // cli/chat_cmd.cpp (intera
 Verb add_serve_verb(CLI::App& app);                  // cli/serve_cmd.cpp (OpenAI-compatible server)
 Verb add_bench_serve_verb(CLI::App& app);            // cli/bench_serve_cmd.cpp (load generator)
 Verb add_eplb_verb(CLI::App& app);                   // cli/eplb_cmd.cpp (expert placement from a load file)
+Verb add_plan_verb(CLI::App& app);                   // cli/plan_cmd.cpp (cluster sizing on paper)
 
 }  // namespace moe

@@ -5,12 +5,17 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
+#include <optional>
 #include <thread>
+
+#include <unistd.h>
 
 #include "core/check.h"
 
@@ -24,6 +29,20 @@ bool g_we_initialized = false;
 MPI_Comm g_exit_comm = MPI_COMM_NULL;  // a private duplicate of MPI_COMM_WORLD for the exit barrier
 const Communicator* g_exit_timeout_from = nullptr;
 
+// Liveness probe (see "Who is missing" below): a private duplicate of MPI_COMM_WORLD
+// carrying only pings and their answers, and every world rank's host name.
+MPI_Comm g_health_comm = MPI_COMM_NULL;
+std::vector<std::string> g_hosts;
+constexpr int kPingTag = 1, kPongTag = 2;
+constexpr int kStateLen = 160;  // an answer: "waiting in <op> on '<communicator>'", NUL-padded
+// Seconds a rank whose collective timed out waits for the others to answer its ping. Every
+// live rank answers within one nap (<= 0.5 ms) while it waits in a collective, so this only
+// covers ranks still computing; together with kReportGrace it keeps the report within 5 s.
+constexpr double kProbeWindow = 2.0;
+// Seconds between printing the report and MPI_Abort: the other survivors, whose collectives
+// time out a little later, print theirs before the abort reaches them.
+constexpr double kReportGrace = 1.0;
+
 std::string mpi_error_string(int rc) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -36,8 +55,11 @@ std::string mpi_error_string(int rc) {
 // ranks are all there completes in microseconds), then yields, and after 1 ms
 // sleeps in naps growing to 0.5 ms, so that a rank waiting for a slow peer leaves
 // the CPU to it (2 cores running 4 ranks is a normal test setup).
-template <class Done>
-bool poll_until(Done&& done, double timeout_s) {
+// `idle` runs in the nap phase (so that a waiting rank answers liveness pings).
+// The deadline is on steady_clock: a jump of the wall clock (NTP step, settimeofday)
+// neither fires nor delays it.
+template <class Done, class Idle>
+bool poll_until(Done&& done, double timeout_s, Idle&& idle) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   auto nap = std::chrono::microseconds(20);
@@ -50,9 +72,116 @@ bool poll_until(Done&& done, double timeout_s) {
       std::this_thread::yield();
       continue;
     }
+    idle();
     std::this_thread::sleep_for(nap);
     nap = std::min(nap * 2, std::chrono::microseconds(500));
   }
+}
+
+template <class Done>
+bool poll_until(Done&& done, double timeout_s) {
+  return poll_until(done, timeout_s, [] {});
+}
+
+// ---------------------------------------------------------------------------------
+// Who is missing. When a collective times out, the rank pings every other world rank
+// on g_health_comm and waits kProbeWindow seconds for answers. Every rank answers pings
+// whenever it waits (in a collective, in the probe, at exit), with what it waits for. A
+// rank that does not answer died, is frozen (SIGSTOP) or is cut off; the report names it
+// and its host. Ranks that answer but wait elsewhere took another code path.
+
+struct PendingPong {
+  MPI_Request req = MPI_REQUEST_NULL;
+  char text[kStateLen] = {};
+};
+std::deque<PendingPong> g_pongs;  // answers in flight (a deque: their buffers do not move)
+
+void answer_pings(const std::string& state) {
+  if (g_health_comm == MPI_COMM_NULL) return;
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kPingTag, g_health_comm, &flag, &st) != MPI_SUCCESS || !flag) break;
+    int ping = 0;
+    if (MPI_Recv(&ping, 1, MPI_INT, st.MPI_SOURCE, kPingTag, g_health_comm, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+    PendingPong& p = g_pongs.emplace_back();
+    std::snprintf(p.text, sizeof p.text, "%s", state.c_str());
+    MPI_Isend(p.text, kStateLen, MPI_CHAR, st.MPI_SOURCE, kPongTag, g_health_comm, &p.req);
+  }
+  while (!g_pongs.empty()) {
+    int flag = 0;
+    if (MPI_Test(&g_pongs.front().req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) break;
+    g_pongs.pop_front();
+  }
+}
+
+std::string host_of(int world_rank) {
+  if (world_rank >= 0 && static_cast<size_t>(world_rank) < g_hosts.size()) return g_hosts[world_rank];
+  return "?";
+}
+
+// Pings every other world rank; the answer of each (nullopt: none within `window_s`).
+std::vector<std::optional<std::string>> probe_peers(double window_s, const std::string& own_state) {
+  int n = 1, me = 0;
+  MPI_Comm_size(g_health_comm, &n);
+  MPI_Comm_rank(g_health_comm, &me);
+  std::vector<std::optional<std::string>> out(static_cast<size_t>(n));
+  std::vector<int> ping(static_cast<size_t>(n), me);
+  std::vector<std::array<char, kStateLen>> pong(static_cast<size_t>(n));
+  std::vector<MPI_Request> recv(static_cast<size_t>(n), MPI_REQUEST_NULL), send(static_cast<size_t>(n), MPI_REQUEST_NULL);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    MPI_Irecv(pong[p].data(), kStateLen, MPI_CHAR, p, kPongTag, g_health_comm, &recv[p]);
+    MPI_Isend(&ping[p], 1, MPI_INT, p, kPingTag, g_health_comm, &send[p]);
+  }
+  std::vector<bool> got(static_cast<size_t>(n), false);
+  got[me] = true;
+  poll_until(
+      [&] {
+        bool all = true;
+        for (int p = 0; p < n; ++p) {
+          if (got[p]) continue;
+          int flag = 0;
+          if (MPI_Test(&recv[p], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) {
+            got[p] = true;
+            pong[p].back() = '\0';
+            out[p] = std::string(pong[p].data());
+          } else {
+            all = false;
+          }
+        }
+        return all;
+      },
+      window_s, [&] { answer_pings(own_state); });
+  // Requests left pending stay so: the job is aborted right after.
+  return out;
+}
+
+// The probe's findings for a timeout report, e.g. "no answer within 2 s from rank 1
+// (host h2): it died, is frozen or its network is down; rank 2 (host h3) answered: waiting in ...".
+std::string probe_report(const std::string& own_state) {
+  if (g_health_comm == MPI_COMM_NULL) return "";
+  const auto answers = probe_peers(kProbeWindow, own_state);
+  int me = 0;
+  MPI_Comm_rank(g_health_comm, &me);
+  std::string lost, alive;
+  for (size_t p = 0; p < answers.size(); ++p) {
+    if (static_cast<int>(p) == me) continue;
+    const std::string who = fmt::format("rank {} (host {})", p, host_of(static_cast<int>(p)));
+    if (!answers[p]) {
+      lost += (lost.empty() ? "" : ", ") + who;
+    } else {
+      alive += fmt::format("{}{}: {}", alive.empty() ? "" : "; ", who, *answers[p]);
+    }
+  }
+  std::string r = fmt::format("this is rank {} (host {}). ", me, host_of(me));
+  if (!lost.empty())
+    r += fmt::format("Lost: {} did not answer a ping within {} s: dead, frozen, or its network is down. ", lost,
+                     kProbeWindow);
+  else
+    r += "Every rank answered a ping, so none is lost: a rank took another code path. ";
+  if (!alive.empty()) r += "Answered: " + alive + ". ";
+  return r;
 }
 
 int to_int(size_t v) { return static_cast<int>(v); }
@@ -195,7 +324,7 @@ void finalize_at_exit() {
           if (MPI_Test(&req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) error = true;
           return flag != 0 || error;
         },
-        timeout);
+        timeout, [] { answer_pings("at exit, waiting for every rank to reach MPI_Finalize"); });
     if (!ok)
       detail::abort_job(fmt::format(
           "at exit: not every rank reached MPI_Finalize within {} s (a rank hangs in a collective or stopped early); "
@@ -203,6 +332,7 @@ void finalize_at_exit() {
           timeout));
   }
   if (g_exit_comm != MPI_COMM_NULL) MPI_Comm_free(&g_exit_comm);
+  if (g_health_comm != MPI_COMM_NULL) MPI_Comm_free(&g_health_comm);
   MPI_Finalize();
 }
 
@@ -236,6 +366,26 @@ void mpi_init_once() {
   const int drc = MPI_Comm_dup(MPI_COMM_WORLD, &g_exit_comm);
   MOE_CHECK(drc == MPI_SUCCESS, "MPI_Comm_dup(MPI_COMM_WORLD) failed: {}", mpi_error_string(drc));
   MPI_Comm_set_errhandler(g_exit_comm, MPI_ERRORS_RETURN);
+  const int hrc = MPI_Comm_dup(MPI_COMM_WORLD, &g_health_comm);
+  MOE_CHECK(hrc == MPI_SUCCESS, "MPI_Comm_dup(MPI_COMM_WORLD) failed: {}", mpi_error_string(hrc));
+  MPI_Comm_set_errhandler(g_health_comm, MPI_ERRORS_RETURN);
+  {
+    // Every rank's host name, for the reports that name a lost rank.
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    int n = 1;
+    MPI_Comm_size(g_health_comm, &n);
+    std::vector<char> all(static_cast<size_t>(n) * MPI_MAX_PROCESSOR_NAME);
+    const int grc = MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                                  MPI_CHAR, g_health_comm);
+    MOE_CHECK(grc == MPI_SUCCESS, "MPI_Allgather of the host names failed: {}", mpi_error_string(grc));
+    g_hosts.clear();
+    for (int p = 0; p < n; ++p) {
+      const char* h = all.data() + static_cast<size_t>(p) * MPI_MAX_PROCESSOR_NAME;
+      g_hosts.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
+    }
+  }
   std::atexit(finalize_at_exit);
 }
 
@@ -255,7 +405,7 @@ void set_abort_hook(std::function<void(const std::string&)> hook) { g_abort_hook
 
 namespace detail {
 
-void abort_job(const std::string& why) {
+void abort_job(const std::string& why, double grace_s) {
   const bool mpi = mpi_active();
   const bool first = !g_aborting;
   g_aborting = true;
@@ -265,6 +415,13 @@ void abort_job(const std::string& why) {
   std::fprintf(stderr, "moe-ep: rank %d: %s\n", r, why.c_str());
   std::fflush(stderr);
   if (mpi) {
+    if (grace_s > 0) poll_until([] { return false; }, grace_s, [] { answer_pings("aborting the job"); });
+    // MPI_Abort asks the local daemon to kill the job; when that daemon is cut off from
+    // mpirun (or slow to answer) it may never return. This rank has reported: leave.
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      std::_Exit(1);
+    }).detach();
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);  // MPI_Abort does not return; if it did, do not run exit handlers
   }
@@ -302,12 +459,15 @@ void MpiComm::wait_requests(MPI_Request* reqs, int n, const char* op) {
         check(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE), op);
         return flag != 0;
       },
-      timeout_s_);
-  if (!ok)
-    abort_all(fmt::format(
-        "{} on communicator '{}' (rank {} of {}) did not complete within {} s: a rank died, hangs, or took "
-        "another code path (MOE_COMM_TIMEOUT sets the limit); aborting the job",
-        op, name_, rank_, size_, timeout_s_));
+      timeout_s_, [&] { answer_pings(fmt::format("waiting in {} on '{}'", op, name_)); });
+  if (!ok) {
+    const std::string report = probe_report(fmt::format("timed out in {} on '{}'", op, name_));
+    detail::abort_job(
+        fmt::format("{} on communicator '{}' (rank {} of {}) did not complete within {} s: a rank died, hangs, or "
+                    "took another code path (--comm-timeout / MOE_COMM_TIMEOUT sets the limit). {}Aborting the job",
+                    op, name_, rank_, size_, timeout_s_, report),
+        kReportGrace);
+  }
 }
 
 void MpiComm::barrier() {

@@ -5,8 +5,11 @@
 // about a millisecond, then yields, then sleeps in short naps so that waiting ranks
 // leave the CPU to the ranks still computing (oversubscribed runs). On the deadline
 // the job is aborted with a message naming the operation, the communicator, this
-// rank and the timeout. MPI errors are returned (MPI_ERRORS_RETURN) and turned into
-// moe::Error carrying MPI_Error_string.
+// rank and the timeout, and naming the ranks that are lost: before aborting, the rank
+// pings every other rank on a private communicator (every rank answers pings while it
+// waits, saying what it waits for) and reports those that did not answer within 2 s
+// with their host names (gathered at MPI init). MPI errors are returned
+// (MPI_ERRORS_RETURN) and turned into moe::Error carrying MPI_Error_string.
 //
 // Counts: MPI counts are int. Byte collectives whose sizes or offsets exceed
 // INT_MAX are expressed in blocks of 2^k bytes (a contiguous derived datatype,
@@ -88,7 +91,10 @@ bool mpi_active();
 void set_mpi_exit_timeout(const Communicator* world);
 // Prints "moe-ep: rank R: <why>" (R: the rank in MPI_COMM_WORLD, 0 without MPI)
 // and stops the job: MPI_Abort(MPI_COMM_WORLD, 1) when MPI is active, else exit(1).
-[[noreturn]] void abort_job(const std::string& why);
+// With grace_s > 0 it first waits that long (answering liveness pings), so that the
+// other ranks' reports get out before the abort kills them. When MPI_Abort does not
+// end this process within 3 s (its daemon is cut off from mpirun) it _exits(1).
+[[noreturn]] void abort_job(const std::string& why, double grace_s = 0);
 // Tests only: pretend MPI counts stop at `limit` instead of INT_MAX, so the
 // large-count paths can be exercised with small buffers. limit <= 0 restores INT_MAX.
 void set_mpi_count_limit_for_testing(long long limit);

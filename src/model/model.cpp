@@ -206,7 +206,15 @@ void Model::mlp(DecoderLayer& L, int64_t l, const Tensor& x, float* y) {
   }
   local.count_routed(count && routes_all_x ? expert_load_[l].data() : nullptr);
   if (L.moe) {
-    L.moe->forward(x, y);
+    // One rank: --moe-chunk-tokens bounds the layer's scratch (routing, permuted rows,
+    // expert activations grow with the rows of a call) as it bounds the dispatch buffers
+    // under EP. Every token's output depends only on its own row, so chunks change no bit.
+    const int64_t chunk = opt_.ep.chunk_tokens;
+    if (chunk > 0 && T > chunk) {
+      for (int64_t b = 0; b < T; b += chunk) L.moe->forward(x.slice_rows(b, std::min(T, b + chunk)), y + b * H);
+    } else {
+      L.moe->forward(x, y);
+    }
   } else {
     const Tensor out = opt_.par.dp > 1 ? L.ep_moe->forward(x)               // own tokens (DP attention)
                                        : L.ep_moe->forward_replicated(x);  // same tokens on every rank

@@ -1,7 +1,5 @@
 #include "moe/placement_file.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -178,21 +176,6 @@ ExpertLoadFile read_expert_load(const std::string& path) {
 
 PlacementFile read_placement(const std::string& path) {
   return parse_placement(read_json(path, "placement"), fmt::format("placement file '{}'", path));
-}
-
-void write_json_file(const std::string& path, const json& j) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
-  {
-    std::ofstream out(tmp);
-    MOE_CHECK(out, "cannot write '{}'", tmp);
-    out << j.dump(1) << "\n";
-    out.close();
-    MOE_CHECK(out, "writing '{}' failed", tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    MOE_FAIL("cannot rename '{}' to '{}'", tmp, path);
-  }
 }
 
 }  // namespace moe

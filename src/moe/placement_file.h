@@ -66,8 +66,5 @@ ExpertLoadFile parse_expert_load(const nlohmann::json& j, const std::string& whe
 PlacementFile parse_placement(const nlohmann::json& j, const std::string& where);
 ExpertLoadFile read_expert_load(const std::string& path);
 PlacementFile read_placement(const std::string& path);
-// Writes j to path atomically: a temporary file beside it, then rename, so a run that
-// fails never leaves a partial file.
-void write_json_file(const std::string& path, const nlohmann::json& j);
 
 }  // namespace moe

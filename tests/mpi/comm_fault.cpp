@@ -4,6 +4,9 @@
 //   skip-exit  rank 1 skips an all_reduce and returns from main
 //   kill       rank 1 dies by SIGKILL before an all_reduce
 //   throw      rank 1 throws; main catches and calls abort_all
+//   other-path rank 1 waits in a barrier on communicator 'pair' (ranks 1 and 2) while the
+//              others all_reduce on 'world': every rank answers the timeout's pings, and
+//              the reports say where rank 1 waits (nobody is lost)
 //   ok         every rank does the collectives and exits 0
 //   local      no launcher: world_comm() must be one local rank, MPI untouched
 // The C API only: OpenMPI/MPICH would otherwise pull in their deprecated C++ bindings.
@@ -19,6 +22,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "comm/communicator.h"
@@ -41,11 +45,14 @@ int main(int argc, char** argv) {
   }
 
   auto& w = moe::world_comm(true);
-  const bool timeout_mode = mode == "skip" || mode == "skip-exit";
+  const bool timeout_mode = mode == "skip" || mode == "skip-exit" || mode == "other-path";
   w.set_timeout(timeout_mode ? 2.0 : 120.0);
   try {
     float x = static_cast<float>(w.rank());
+    std::unique_ptr<moe::Communicator> pair;
+    if (mode == "other-path") pair = w.split(w.rank() == 1 || w.rank() == 2 ? 1 : 0, w.rank(), "pair");
     w.barrier();
+    if (mode == "other-path" && w.rank() == 1) pair->barrier();
     if (w.rank() == 1) {
       if (mode == "skip") {
         std::this_thread::sleep_for(std::chrono::seconds(60));

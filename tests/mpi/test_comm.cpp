@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -61,8 +63,31 @@ TEST(Comm, WorldMatchesLauncher) {
   for (int r = 0; r < w.size(); ++r) EXPECT_EQ(ranks[r], r);
 }
 
+// A barrier orders: no rank leaves round i before every rank entered it. Each round one
+// rank (a different one each time) arrives 20 ms late; every rank notes when it entered
+// and left (steady_clock: CLOCK_MONOTONIC, one clock for all processes of this host, and
+// these tests run on one host), and the earliest exit must not precede the latest entry.
 TEST(Comm, BarrierRepeats) {
-  for (int i = 0; i < 20; ++i) W().barrier();
+  auto& w = W();
+  const int n = w.size();
+  using clock = std::chrono::steady_clock;
+  const auto ns = [](clock::time_point t) {
+    return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+  };
+  for (int i = 0; i < 20; ++i) {
+    if (n > 1 && w.rank() == i % n) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const long long enter = ns(clock::now());
+    w.barrier();
+    const long long leave = ns(clock::now());
+    std::vector<long long> enters(n), leaves(n);
+    w.all_gather(&enter, sizeof enter, enters.data());
+    w.all_gather(&leave, sizeof leave, leaves.data());
+    const long long last_in = *std::max_element(enters.begin(), enters.end());
+    const long long first_out = *std::min_element(leaves.begin(), leaves.end());
+    EXPECT_GE(first_out, last_in) << "round " << i << ": a rank left the barrier " << (last_in - first_out)
+                                  << " ns before rank " << (std::max_element(enters.begin(), enters.end()) - enters.begin())
+                                  << " entered it";
+  }
 }
 
 TEST(Comm, BroadcastFromEveryRoot) {
@@ -405,10 +430,25 @@ TEST(Groups, LayoutErrorsNameTheFlags) {
   expect_error([&] { validate_parallel_config({1, 1, 1}, 4); }, "(with --tp 1 use --ep 4)");
 }
 
+// Every rank returns normally when the fields agree, including fields each rank builds
+// itself (equal text, separate buffers) and a large one; and every rank sees every
+// other rank pass (a rank that threw would report 0 here).
 TEST(Consistency, PassesWhenAllRanksAgree) {
   auto& w = W();
-  check_same_on_all_ranks(w, {{"config", "{\"hidden\": 64}"}, {"flags", "--ep 2"}, {"placement", ""}});
-  check_same_on_all_ranks(w, {});
+  std::string big(1 << 20, 'x');
+  for (size_t i = 0; i < big.size(); i += 4093) big[i] = static_cast<char>('a' + i % 26);
+  const std::string flags = "--ep " + std::to_string(w.size());
+  int passed = 1;
+  try {
+    check_same_on_all_ranks(w, {{"config", "{\"hidden\": 64}"}, {"flags", flags}, {"placement", ""}});
+    check_same_on_all_ranks(w, {{"config", big}});
+    check_same_on_all_ranks(w, {});
+  } catch (const Error& e) {
+    passed = 0;
+    ADD_FAILURE() << "rank " << w.rank() << ": " << e.what();
+  }
+  const auto all = gather_int(w, passed);
+  for (int r = 0; r < w.size(); ++r) EXPECT_EQ(all[r], 1) << "rank " << r << " rejected fields that agree";
 }
 
 TEST(Consistency, EveryRankThrowsNamingTheField) {

@@ -19,6 +19,7 @@
 #include <random>
 
 #include "comm/communicator.h"
+#include "core/atomic_file.h"
 #include "loader/checkpoint.h"
 #include "loader/moe_weights.h"
 #include "loader/safetensors.h"
@@ -196,7 +197,7 @@ TEST(EplbModel, PlacementFilesThatDifferBetweenRanksAreAnErrorEverywhere) {
   f.layers = {0, 2};
   for (int i = 0; i < 2; ++i) f.ranks.push_back(random_ranks(E, R, 4, rank == 1 ? 7 : 3));  // rank 1 differs
   const std::string path = ::testing::TempDir() + fmt::format("moe_eplb_placement_rank{}.json", rank);
-  write_json_file(path, to_json(f));
+  write_file_atomic(path, to_json(f).dump(1), "placement");
   ModelOptions o;
   o.max_seq = 16;
   o.world = &world();

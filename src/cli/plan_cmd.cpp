@@ -1,0 +1,300 @@
+// `moe-ep plan`: sizes an expert-parallel cluster from config.json alone, on paper.
+//
+// Layout modelled: one rank per node, routed experts split evenly over the nodes (the
+// first E % N nodes hold one more), everything else (attention, norms, router, shared
+// experts, dense MLP layers, embeddings, lm_head) replicated on every node, attention
+// data parallel (each node holds its own sequences and their KV cache), tokens moved by
+// the alltoall strategy (moe/dispatch/alltoall.cpp):
+//   dispatch: one record per (token, remote node holding >= 1 of its k experts):
+//             k int32 expert ids + the token row (compute dtype, or a Q8 row of H int8 +
+//             one f32 scale under w8a8/w4a8);
+//   combine:  one f32 row of H per (token, remote expert slot).
+// Routing is assumed uniform (every expert equally likely); real routers are skewed,
+// so the expert and network figures are the balanced case.
+//
+// Bytes in memory, per parameter: 2-D weights at --dtype (f32 4, bf16 2); 1-D
+// tensors (norms, biases) and the router in f32, as the engine keeps them; routed
+// experts per --quantize / --fp8 (per expert matrix [n, k]):
+//   none  k*n*dtype;  w8a8  k*n + 4n (int8, an f32 scale per output channel);
+//   w4a8  k*n/2 + 5 * n * ceil(k/g) (int4, an f32 scale and a u8 zero point per group);
+//   fp8   k*n + 4 * ceil(n/128) * ceil(k/128) (e4m3, f32 scales per 128x128 block);
+// panel padding of the packed layouts is not counted. KV cache: f32, per token and
+// layer 2 * kv_heads * head_dim values (GQA) or kv_lora_rank + qk_rope_head_dim (MLA).
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <memory>
+
+#include "cli/verbs.h"
+#include "core/check.h"
+#include "model/registry.h"
+#include "model/weights.h"
+
+namespace moe {
+namespace {
+
+struct PlanOptions {
+  std::string model_dir;
+  int nodes = 2;
+  double mem_per_node_gib = 0;
+  double mem_bw_gbps = 0;   // GB/s (1e9 bytes) a node's cores read from memory
+  double net_gbps = 0;      // Gbit/s per node, each direction
+  double net_latency_us = 0;
+  std::string quantize = "none";
+  int64_t int4_group = 32;
+  bool fp8 = false;
+  std::string dtype = "bf16";
+  int64_t context = 4096;      // tokens of context per sequence (KV cache read per decode step)
+  int64_t batch = 1;           // decode sequences per node
+  int64_t prefill_tokens = 2048;  // prompt tokens per node per prefill step
+  int64_t round_trips = 2;     // network round trips per MoE layer (dispatch + combine)
+  double gflops = 0;           // per node, for prefill compute (0: not modelled)
+  bool json = false;
+};
+
+// Parameter counts (elements) and bytes of one node's share.
+struct Part {
+  std::string name;
+  double params = 0;
+  double bytes = 0;
+};
+
+double expert_matrix_bytes(const PlanOptions& o, int64_t n, int64_t k, double dtype_bytes) {
+  const double kn = static_cast<double>(k) * static_cast<double>(n);
+  if (o.fp8) return kn + 4.0 * std::ceil(n / 128.0) * std::ceil(k / 128.0);
+  if (o.quantize == "w8a8") return kn + 4.0 * static_cast<double>(n);
+  if (o.quantize == "w4a8")
+    return kn / 2 + 5.0 * static_cast<double>(n) * std::ceil(static_cast<double>(k) / static_cast<double>(o.int4_group));
+  return kn * dtype_bytes;
+}
+
+// P(a node holding `local` of E experts gets >= 1 of a token's k distinct experts).
+double p_hit(int64_t E, double local, int64_t k) {
+  double miss = 1;
+  for (int64_t i = 0; i < k; ++i) miss *= std::max(0.0, (static_cast<double>(E) - local - i) / static_cast<double>(E - i));
+  return 1 - miss;
+}
+
+int run_plan(const PlanOptions& o) {
+  const std::string path = o.model_dir + "/config.json";
+  std::ifstream in(path);
+  MOE_CHECK(in.good(), "--model {}: cannot read {}", o.model_dir, path);
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    MOE_FAIL("{}: not valid JSON: {}", path, e.what());
+  }
+  const ModelConfig c = model_config_from_hf(j);
+  const MoeConfig& m = c.moe;
+  MOE_CHECK(o.nodes >= 1, "--nodes must be >= 1, got {}", o.nodes);
+  MOE_CHECK(!(o.fp8 && o.quantize != "none"), "--fp8 and --quantize {} exclude each other (FP8 experts are the checkpoint's)",
+            o.quantize);
+  const double db = o.dtype == "f32" ? 4 : 2;
+  const int64_t H = c.hidden_size, E = m.n_experts, k = m.top_k, I = m.moe_intermediate_size, N = o.nodes;
+
+  // Everything outside the MLP blocks, as Model::load reads it (model_reads).
+  Part embed{"embeddings + lm_head + final norm"}, attn{"attention + layer norms"};
+  const std::string embed_key = embed_read(c).key, norm_key = final_norm_read(c).key;
+  const auto lm = lm_head_read(c);
+  for (const TensorRead& r : model_reads(c, 0, 1)) {
+    double n = 1;
+    for (int64_t d : r.shape) n *= static_cast<double>(d);
+    const double bytes = n * (r.shape.size() >= 2 ? db : 4.0);
+    const bool outer = r.key == embed_key || r.key == norm_key || (lm && r.key == lm->weight.key);
+    Part& p = outer ? embed : attn;
+    p.params += n;
+    p.bytes += bytes;
+  }
+  Part dense{"dense MLP layers"}, shared{"router + shared experts"}, routed{"routed experts (this node's)"};
+  int64_t n_moe = 0;
+  const double hd = static_cast<double>(H);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (!m.is_moe_layer(l)) {
+      const double p = 3 * hd * static_cast<double>(m.dense_intermediate_size);
+      dense.params += p;
+      dense.bytes += p * db;
+      continue;
+    }
+    ++n_moe;
+    double router = static_cast<double>(E) * hd + (m.routing.use_correction_bias ? static_cast<double>(E) : 0);
+    shared.params += router;
+    shared.bytes += router * 4;
+    const double sp = 3 * hd * static_cast<double>(m.shared_intermediate_size);
+    shared.params += sp;
+    shared.bytes += sp * db;
+    if (m.shared_expert_gate) {
+      shared.params += hd;
+      shared.bytes += hd * db;
+    }
+  }
+  const int64_t experts_here = (E + N - 1) / N;  // the fullest node
+  const double expert_params = 3 * hd * static_cast<double>(I);
+  const double expert_bytes = 2 * expert_matrix_bytes(o, I, H, db) + expert_matrix_bytes(o, H, I, db);
+  routed.params = expert_params * static_cast<double>(experts_here * n_moe);
+  routed.bytes = expert_bytes * static_cast<double>(experts_here * n_moe);
+  const double replicated = embed.bytes + attn.bytes + dense.bytes + shared.bytes;
+  const double weights = replicated + routed.bytes;
+
+  const double kv_per_token =
+      4.0 * static_cast<double>(c.n_layers) *
+      (c.attention == AttentionKind::Mla ? static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim)
+                                         : 2.0 * static_cast<double>(c.n_kv_heads * c.head_dim));
+  const double mem = o.mem_per_node_gib * 1024.0 * 1024.0 * 1024.0;
+  const double kv_need = kv_per_token * static_cast<double>(o.batch * o.context);
+  const bool fits = weights + kv_need <= mem;
+  const double kv_tokens_free = mem > weights ? (mem - weights) / kv_per_token : 0;
+
+  // Network, per token a node owns, per MoE layer.
+  const bool q8 = o.quantize != "none";
+  const double row_bytes = q8 ? hd + 4 : hd * db;
+  const double local = static_cast<double>(E) / static_cast<double>(N);
+  const double remote_nodes = static_cast<double>(N - 1) * p_hit(E, local, k);
+  const double dispatch = remote_nodes * (4.0 * static_cast<double>(k) + row_bytes);
+  const double combine = static_cast<double>(k) * static_cast<double>(N - 1) / static_cast<double>(N) * hd * 4;
+
+  // Decode: one step = every node advances its `batch` sequences by one token.
+  const double step_tokens = static_cast<double>(o.batch * N);
+  const double touched = static_cast<double>(experts_here) *
+                         (1 - std::pow(1 - static_cast<double>(k) / static_cast<double>(E), step_tokens));
+  const double embed_row_bytes = hd * db * static_cast<double>(o.batch);
+  // lm_head is read whole every step (the tied embedding matrix when there is no lm_head).
+  const double lm_bytes = static_cast<double>(c.vocab_size) * hd * db;
+  const double decode_read = attn.bytes + dense.bytes + shared.bytes + lm_bytes + embed_row_bytes +
+                             touched * expert_bytes * static_cast<double>(n_moe) + kv_need;
+  const double bw = o.mem_bw_gbps * 1e9, net = o.net_gbps * 1e9 / 8, lat = o.net_latency_us * 1e-6;
+  const double rt = N > 1 ? static_cast<double>(o.round_trips) : 0;
+  const double t_mem = bw > 0 ? decode_read / bw : 0;
+  const double t_net = N > 1 ? static_cast<double>(n_moe) *
+                                   (rt * lat + static_cast<double>(o.batch) * (dispatch + combine) / std::max(net, 1e-30))
+                             : 0;
+  const double t_step = t_mem + t_net;
+  const double decode_tps = t_step > 0 ? step_tokens / t_step : 0;
+
+  // Prefill: every node runs `prefill_tokens` prompt tokens; all its weights are read once.
+  const double P = static_cast<double>(o.prefill_tokens);
+  const double p_mem = bw > 0 ? weights / bw : 0;
+  const double p_net = N > 1 ? static_cast<double>(n_moe) * (rt * lat + P * (dispatch + combine) / std::max(net, 1e-30)) : 0;
+  const double active = attn.params + dense.params + shared.params + static_cast<double>(c.vocab_size) * hd +
+                        static_cast<double>(k * n_moe) * expert_params;
+  const double p_cmp = o.gflops > 0 ? 2 * active * P / (o.gflops * 1e9) : 0;
+  const double p_t = p_mem + p_net + p_cmp;
+  const double prefill_tps = p_t > 0 ? static_cast<double>(N) * P / p_t : 0;
+
+  const std::vector<Part> parts = {embed, attn, dense, shared, routed};
+  const std::string decode_formula =
+      "t_step = bytes read per step / mem_bw + moe_layers * (round_trips * latency + batch * (dispatch + combine) / "
+      "net_bw); decode tokens/s = nodes * batch / t_step";
+  const std::string prefill_formula =
+      "t = node weight bytes / mem_bw + moe_layers * (round_trips * latency + prefill_tokens * (dispatch + combine) / "
+      "net_bw) + 2 * active params per token * prefill_tokens / gflops; prefill tokens/s = nodes * prefill_tokens / t";
+  if (o.json) {
+    nlohmann::ordered_json r;
+    r["model"] = c.model_type;
+    r["nodes"] = N;
+    r["dtype"] = o.dtype;
+    r["experts"] = o.fp8 ? "fp8" : o.quantize;
+    auto& pj = r["per_node"] = nlohmann::ordered_json::object();
+    for (const Part& p : parts) pj[p.name] = {{"params", p.params}, {"bytes", p.bytes}};
+    r["experts_per_node"] = experts_here;
+    r["moe_layers"] = n_moe;
+    r["weight_bytes_per_node"] = weights;
+    r["replicated_bytes_per_node"] = replicated;
+    r["kv_bytes_per_token"] = kv_per_token;
+    r["kv_bytes_needed"] = kv_need;
+    r["kv_tokens_that_fit"] = kv_tokens_free;
+    r["fits"] = fits;
+    r["dispatch_bytes_per_token_layer"] = dispatch;
+    r["combine_bytes_per_token_layer"] = combine;
+    r["remote_nodes_per_token"] = remote_nodes;
+    r["decode"] = {{"bytes_read_per_step", decode_read}, {"experts_touched_per_node_layer", touched},
+                   {"mem_s", t_mem}, {"net_s", t_net}, {"step_s", t_step}, {"tokens_per_s", decode_tps},
+                   {"formula", decode_formula}};
+    r["prefill"] = {{"mem_s", p_mem}, {"net_s", p_net}, {"compute_s", p_cmp}, {"tokens_per_s", prefill_tps},
+                    {"formula", prefill_formula}};
+    fmt::print("{}\n", r.dump(2));
+    return 0;
+  }
+  const auto size = [](double b) {
+    if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+    if (b >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", b / (1024.0 * 1024));
+    if (b >= 1024.0) return fmt::format("{:.2f} KiB", b / 1024.0);
+    return fmt::format("{:.0f} B", b);
+  };
+  fmt::print("moe-ep plan: {} ({} layers, {} MoE; {} experts, top-{}; H {}) on {} node(s), one rank each\n",
+             c.model_type, c.n_layers, n_moe, E, k, H, N);
+  fmt::print("weights: {} (router, norms f32), routed experts {}\n\nper node:\n", o.dtype,
+             o.fp8 ? "fp8 (e4m3, 128x128 block scales)" : o.quantize == "none" ? o.dtype : o.quantize);
+  for (const Part& p : parts)
+    fmt::print("  {:<36} {:>16.0f} params {:>12}\n", p.name, p.params, size(p.bytes));
+  fmt::print("  {:<36} {:>16} {:>19}  ({} experts per MoE layer on the fullest node)\n", "weights in all", "",
+             size(weights), experts_here);
+  fmt::print("  KV cache per token {:.0f} bytes (f32); {} x {} tokens: {}\n", kv_per_token, o.batch, o.context,
+             size(kv_need));
+  fmt::print("  memory {:.1f} GiB: {} (room for {:.0f} tokens of KV after the weights)\n", o.mem_per_node_gib,
+             fits ? "fits" : "DOES NOT FIT", kv_tokens_free);
+  fmt::print("\nper token per MoE layer: {:.2f} remote nodes; dispatch {:.0f} bytes, combine {:.0f} bytes\n",
+             remote_nodes, dispatch, combine);
+  fmt::print("\ndecode ({} sequence(s) per node, {} tokens of context):\n", o.batch, o.context);
+  fmt::print("  bytes read per step per node {} ({:.1f} of {} experts touched per MoE layer)\n", size(decode_read),
+             touched, experts_here);
+  fmt::print("  memory {:.3f} ms + network {:.3f} ms = {:.3f} ms per step -> {:.1f} tokens/s ({:.1f} per sequence)\n",
+             t_mem * 1e3, t_net * 1e3, t_step * 1e3, decode_tps, t_step > 0 ? 1 / t_step : 0.0);
+  fmt::print("  {}\n", decode_formula);
+  fmt::print("\nprefill ({} tokens per node per step):\n", o.prefill_tokens);
+  fmt::print("  memory {:.3f} ms + network {:.3f} ms + compute {} -> {:.0f} tokens/s\n", p_mem * 1e3, p_net * 1e3,
+             o.gflops > 0 ? fmt::format("{:.3f} ms", p_cmp * 1e3) : std::string("not modelled (--gflops)"),
+             prefill_tps);
+  fmt::print("  {}\n", prefill_formula);
+  fmt::print("\nAssumed: uniform routing, alltoall dispatch, one rank per node, bandwidths reached in full; "
+             "{} round trips per MoE layer.\n",
+             o.round_trips);
+  return 0;
+}
+
+}  // namespace
+
+Verb add_plan_verb(CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* p = app.add_subcommand(
+      "plan",
+      "Size an expert-parallel cluster on paper from config.json alone: bytes per node (experts, attention, "
+      "embeddings, KV cache per token), whether it fits, dispatch/combine bytes per token per layer, and modelled "
+      "decode and prefill tokens/s from the given bandwidths (the formulas are printed). See docs/SCALE.md");
+  p->add_option("--model", o->model_dir, "Model directory holding config.json (no weights needed)")->required();
+  p->add_option("--nodes", o->nodes, "Nodes, one rank each; the routed experts are split over them")
+      ->check(CLI::PositiveNumber);
+  p->add_option("--mem-per-node", o->mem_per_node_gib, "Memory per node, GiB")->required()->check(CLI::PositiveNumber);
+  p->add_option("--mem-bw", o->mem_bw_gbps, "Memory read bandwidth per node, GB/s (what its cores reach)")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  p->add_option("--net-gbps", o->net_gbps, "Network bandwidth per node and direction, Gbit/s")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  p->add_option("--net-latency-us", o->net_latency_us, "One-way network latency incl. MPI overhead, microseconds")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  p->add_option("--quantize", o->quantize, "Routed experts as --quantize of the other verbs")
+      ->check(CLI::IsMember({"none", "w8a8", "w4a8"}));
+  p->add_option("--int4-group", o->int4_group, "With --quantize w4a8: values per group")->check(CLI::IsMember({32, 64, 128}));
+  p->add_flag("--fp8", o->fp8, "Routed experts in FP8 e4m3 with 128x128 block scales (DeepSeek-V3's checkpoint)");
+  p->add_option("--dtype", o->dtype, "Dtype of the other weights (f32, bf16)")->check(CLI::IsMember({"f32", "bf16"}));
+  p->add_option("--context", o->context, "Tokens of context per sequence (KV read per decode step, KV to hold)")
+      ->check(CLI::PositiveNumber);
+  p->add_option("--batch", o->batch, "Decode sequences per node")->check(CLI::PositiveNumber);
+  p->add_option("--prefill-tokens", o->prefill_tokens, "Prompt tokens per node per prefill step")
+      ->check(CLI::PositiveNumber);
+  p->add_option("--round-trips", o->round_trips, "Network round trips per MoE layer (2: dispatch and combine)")
+      ->check(CLI::NonNegativeNumber);
+  p->add_option("--gflops", o->gflops, "Sustained GFLOP/s per node for prefill compute (0: not modelled)")
+      ->check(CLI::NonNegativeNumber);
+  p->add_flag("--json", o->json, "Print the plan as JSON");
+  return {p, [o] { return run_plan(*o); }};
+}
+
+}  // namespace moe
