@@ -34,18 +34,30 @@ double median_of(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// The slowest rank's median ms per call over n calls cycling through inputs.
-double ms_per_call(EpMoeLayer& layer, const std::vector<Tensor>& inputs, int n) {
-  std::vector<double> t;
+// Over n calls cycling through inputs: the slowest rank's median ms per call, and the
+// ranks' median compute time (EpStats::compute_s: routing, packing, experts, combine),
+// max over mean: whether the rows' balance reached the time.
+struct CallTime {
+  double ms = 0, compute_imbalance = 0;
+};
+CallTime ms_per_call(EpMoeLayer& layer, const std::vector<Tensor>& inputs, int n) {
+  std::vector<double> t, c;
   for (int i = 0; i < n; ++i) {
     const double t0 = now_s();
     layer.forward(inputs[i % inputs.size()]);
     t.push_back(now_s() - t0);
+    c.push_back(layer.stats().compute_s);
   }
-  double m = median_of(t);
-  std::vector<double> all(layer.comm().size());
-  layer.comm().all_gather(&m, sizeof m, all.data());
-  return *std::max_element(all.begin(), all.end()) * 1e3;
+  double m[2] = {median_of(t), median_of(c)};
+  std::vector<double> all(2 * layer.comm().size());
+  layer.comm().all_gather(m, sizeof m, all.data());
+  double mx = 0, cmax = 0, csum = 0;
+  for (size_t r = 0; r < all.size() / 2; ++r) {
+    mx = std::max(mx, all[2 * r]);
+    cmax = std::max(cmax, all[2 * r + 1]);
+    csum += all[2 * r + 1];
+  }
+  return {mx * 1e3, csum > 0 ? cmax / (csum / (all.size() / 2)) : 1.0};
 }
 
 // Max over mean of the rows each EP rank's slots computed over one pass of the pool
@@ -147,8 +159,8 @@ int run_bench_eplb(const BenchOptions& o, Communicator& world) {
 
   nlohmann::json records = nlohmann::json::array();
   if (root)
-    fmt::print("{:>6} {:>10} {:>10} {:>10} {:>10} {:>8}  {}\n", "tokens", "imb before", "imb after", "ms before",
-               "ms after", "speed-up", "check");
+    fmt::print("{:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}  {}\n", "tokens", "imb before", "imb after",
+               "cmp before", "cmp after", "ms before", "ms after", "speed-up", "check");
   bool all_ok = true;
   const bool a2a = eo.comm != MoeComm::AllReduce && eo.comm != MoeComm::AllGather;
   for (const int64_t T : o.tokens) {
@@ -182,20 +194,24 @@ int run_bench_eplb(const BenchOptions& o, Communicator& world) {
     world.broadcast(&per_call, sizeof per_call, 0);
     const int n = static_cast<int>(std::clamp(o.seconds / 2 / std::max(per_call, 1e-6), 3.0, 2000.0));
     // Interleaved halves, so a drift of the machine's speed hits both alike.
-    std::vector<double> mb, ma;
+    CallTime tb[2], ta[2];
     for (int half = 0; half < 2; ++half) {
-      mb.push_back(ms_per_call(*before, inputs, (n + 1) / 2));
-      ma.push_back(ms_per_call(*after, inputs, (n + 1) / 2));
+      tb[half] = ms_per_call(*before, inputs, (n + 1) / 2);
+      ta[half] = ms_per_call(*after, inputs, (n + 1) / 2);
     }
-    const double ms_b = std::min(mb[0], mb[1]), ms_a = std::min(ma[0], ma[1]);
+    const CallTime& bb = tb[0].ms <= tb[1].ms ? tb[0] : tb[1];
+    const CallTime& aa = ta[0].ms <= ta[1].ms ? ta[0] : ta[1];
+    const double ms_b = bb.ms, ms_a = aa.ms;
     if (root) {
-      fmt::print("{:>6} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>7.2f}x  {}\n", T, imb_b, imb_a, ms_b, ms_a,
-                 ms_a > 0 ? ms_b / ms_a : 0.0, check);
+      fmt::print("{:>6} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>7.2f}x  {}\n", T, imb_b, imb_a,
+                 bb.compute_imbalance, aa.compute_imbalance, ms_b, ms_a, ms_a > 0 ? ms_b / ms_a : 0.0, check);
       records.push_back({{"tokens", T},
                          {"imbalance_before", imb_b},
                          {"imbalance_after", imb_a},
                          {"ms_before", ms_b},
                          {"ms_after", ms_a},
+                         {"compute_imbalance_before", bb.compute_imbalance},
+                         {"compute_imbalance_after", aa.compute_imbalance},
                          {"expert_load_max_over_mean", expert_skew},
                          {"redundant_experts", o.parallel.eplb.redundant},
                          {"skew", o.skew},
@@ -238,8 +254,9 @@ int run_bench_eplb(const BenchOptions& o, Communicator& world) {
   }
   if (root) {
     fmt::print(
-        "\nimb: max over mean of the rows each EP rank's expert slots computed over {} calls; ms: the slowest rank's "
-        "median per call\n(the better of two interleaved passes per placement). EPLB placed the calibration pool's "
+        "\nimb: max over mean of the rows each EP rank's expert slots computed over {} calls; cmp: max over mean of "
+        "the ranks' median compute\ntime per call; ms: the slowest rank's median per call (the better of two "
+        "interleaved passes per placement). EPLB placed the calibration pool's "
         "load; the table's pools are other tokens.\n",
         kPool);
     if (!o.json_path.empty()) {

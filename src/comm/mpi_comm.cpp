@@ -74,7 +74,7 @@ bool poll_until(Done&& done, double timeout_s, Idle&& idle) {
     }
     idle();
     std::this_thread::sleep_for(nap);
-    nap = std::min(nap * 2, std::chrono::microseconds(500));
+    nap = std::min(nap * 2, std::chrono::microseconds(50));
   }
 }
 

@@ -135,6 +135,22 @@ Tensor EpMoeLayer::forward_replicated(const Tensor& x) {
     replicated_counts_.assign(R, T);
     return forward_counts(x, &replicated_counts_);
   }
+  const bool a2a = opt_.comm == MoeComm::Auto || opt_.comm == MoeComm::AllToAll || opt_.comm == MoeComm::AllToAllLL;
+  const bool per_slot = layer_.quantized() && !layer_.smooth_uniform();
+  if (a2a && placement_.tp() == 1 && !per_slot && T <= opt_.max_tokens_per_rank &&
+      (opt_.chunk_tokens == 0 || T <= opt_.chunk_tokens)) {
+    stats_.reset();
+    const double t0 = dispatch::now_s();
+    Tensor y = Tensor::zeros({T, H}, DType::F32);
+    if (T > 0) {
+      if (!slot_gather_) slot_gather_ = make_slot_gather(*this);
+      slot_gather_->forward(x, y.data<float>(), stats_);
+    }
+    stats_.used = resolve(T);
+    stats_.rounds = 1;
+    stats_.total_s = dispatch::now_s() - t0;
+    return y;
+  }
   const int64_t b = T * r / R, e = T * (r + 1) / R;
   // Every rank holds the same T, so every rank's share is known here: no count round.
   std::vector<int64_t>& counts = replicated_counts_;

@@ -100,9 +100,12 @@ class EpMoeLayer {
 
   Tensor forward(const Tensor& x);
   // Every rank holds the same x [T, H] and gets the same y (replicated or TP
-  // attention feeding EP experts). allreduce runs on x as it is; the other
-  // strategies give each rank an even share of the rows (sequence parallel), run,
-  // and all-gather the outputs.
+  // attention feeding EP experts). allreduce runs on x as it is; the all-to-all
+  // strategies and auto at decode sizes (T <= --max-tokens-per-rank, tp = 1, not
+  // chunked, rows that one quantisation serves) run the slot gather: each rank
+  // computes the (token, k) choices its slots hold and one all-gather shares them;
+  // otherwise each rank takes an even share of the rows (sequence parallel), runs the
+  // strategy, and the outputs are all-gathered.
   Tensor forward_replicated(const Tensor& x);
   const EpStats& stats() const { return stats_; }
   MoeLayer& local() { return layer_; }
@@ -126,6 +129,7 @@ class EpMoeLayer {
   EpOptions opt_;
   EpStats stats_;
   std::unique_ptr<MoeStrategy> strategies_[4];
+  std::unique_ptr<MoeStrategy> slot_gather_;
   std::unique_ptr<Pending> pending_;
   std::vector<int64_t> replicated_counts_;  // forward_replicated's shares, [R]
   std::vector<int64_t> gathered_counts_;    // forward's all-gathered counts, [R]
@@ -136,5 +140,8 @@ std::unique_ptr<MoeStrategy> make_allreduce(EpMoeLayer& ep);
 std::unique_ptr<MoeStrategy> make_allgather(EpMoeLayer& ep);
 std::unique_ptr<MoeStrategy> make_alltoall(EpMoeLayer& ep);
 std::unique_ptr<MoeStrategy> make_alltoall_ll(EpMoeLayer& ep);
+// forward_replicated's decode path (moe/dispatch/slot_gather.cpp): same tokens on every
+// rank, tp = 1; one all-gather of per-choice outputs.
+std::unique_ptr<MoeStrategy> make_slot_gather(EpMoeLayer& ep);
 
 }  // namespace moe

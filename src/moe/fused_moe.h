@@ -122,6 +122,7 @@ class MoeLayer {
   // the salt offset of this rank's tokens (Placement::pick). route() then maps every
   // choice to a slot. The placement must outlive the setting; nullptr: none.
   void set_placement(const Placement* p, int64_t salt_offset);
+  void set_salt_offset(int64_t salt_offset) { salt_offset_ = salt_offset; }
 
   // Gate + routing + gen_idx for x [T, H] (f32 or bf16). Adds the routed (logical)
   // experts to the counts of count_routed(), if set, then maps choices to slots.

@@ -99,6 +99,7 @@ RebalanceStats EpMoeLayer::finish_rebalance() {
   placement_ = std::move(p.next);
   attach_placement();
   for (auto& s : strategies_) s.reset();  // alltoall-ll sizes its buffers from the placement
+  slot_gather_.reset();
   RebalanceStats st = p.stats;
   pending_.reset();
   st.finish_s = dispatch::now_s() - t0;
