@@ -50,6 +50,9 @@ struct EpStats {
   double total_s = 0;
   double compute_s = 0;   // gate, routing, packing, experts, combine (not shared)
   double shared_s = 0;    // shared experts (overlapped with comm when enabled)
+  // When the last call's shared experts ran (steady clock, dispatch::now_s): they overlap
+  // the communication when this lies inside the wait (tests/test_shared_overlap.cpp).
+  double shared_begin_s = 0, shared_end_s = 0;
   double comm_wait_s = 0;  // time blocked in communication
   double bytes_sent = 0;   // payload bytes this rank sent (both directions)
   double dispatch_bytes = 0;  // of bytes_sent: the dispatch direction (alltoall, alltoall-ll)
