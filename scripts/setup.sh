@@ -12,6 +12,7 @@ PACKAGES=(
   libsentencepiece-dev                         # tokenizer.model (SentencePiece) files
   libcpp-httplib-dev curl jq                   # moe-ep serve (HTTP); the client and JSON tool its tests use
   iproute2 nftables util-linux                 # the multi-host test bed: network namespaces, veths, tc, packet loss
+  procps                                       # sysctl (the bed's TCP timeouts), pgrep/pkill (serve tests)
   clang libclang-rt-14-dev                     # libFuzzer targets (tokenizer, templates)
 )
 
