@@ -193,11 +193,10 @@ void Model::mlp(DecoderLayer& L, int64_t l, const Tensor& x, float* y) {
   MoeLayer& local = L.moe ? *L.moe : L.ep_moe->local();
   // Expert load (count_experts) is counted from the routing the layer runs anyway when
   // that routing covers exactly this rank's x: one rank, own tokens (DP attention), or
-  // allreduce (every rank routes all of x). forward_replicated with another strategy
-  // routes only this rank's share of the rows (sequence parallel), so there x is
-  // routed once more to count its tokens as before.
-  const bool routes_all_x = L.moe || opt_.par.dp > 1 || world_size() == 1 ||
-                            L.ep_moe->options().comm == MoeComm::AllReduce;
+  // allreduce or the slot gather (every rank routes all of x). forward_replicated's
+  // sequence-parallel path routes only this rank's share of the rows, so there x is
+  // routed once more to count its tokens.
+  const bool routes_all_x = L.moe || opt_.par.dp > 1 || L.ep_moe->replicated_routes_all(T);
   const bool count = opt_.count_experts && T > 0;
   if (count && !routes_all_x) {
     Routing r;

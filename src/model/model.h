@@ -72,7 +72,8 @@ struct ModelOptions {
   // a placement file, online rebalancing. Rebalancing turns count_experts on.
   EplbOptions eplb;
   // Keep per-layer expert load counts, from the layers' own routing (no extra router
-  // GEMM, except under --ep with replicated attention and a sequence-parallel strategy).
+  // GEMM, except under --ep with replicated attention where a step takes the
+  // sequence-parallel path: allgather, or more tokens than --max-tokens-per-rank).
   bool count_experts = false;
   // When set, MoE layers take their weights from this instead of the checkpoint (which
   // then needs no MLP tensors for them): generated models (`moe-ep bench-model`). Gets

@@ -127,6 +127,13 @@ Tensor EpMoeLayer::forward_counts(const Tensor& x, const std::vector<int64_t>* k
   return y;
 }
 
+bool EpMoeLayer::slot_gather_applies(int64_t T) const {
+  const bool a2a = opt_.comm == MoeComm::Auto || opt_.comm == MoeComm::AllToAll || opt_.comm == MoeComm::AllToAllLL;
+  const bool per_slot = layer_.quantized() && !layer_.smooth_uniform();
+  return world_.size() > 1 && a2a && placement_.tp() == 1 && !per_slot && T <= opt_.max_tokens_per_rank &&
+         (opt_.chunk_tokens == 0 || T <= opt_.chunk_tokens);
+}
+
 Tensor EpMoeLayer::forward_replicated(const Tensor& x) {
   const int R = world_.size(), r = world_.rank();
   const int64_t T = x.dim(0), H = layer_.config().hidden_size;
@@ -135,10 +142,7 @@ Tensor EpMoeLayer::forward_replicated(const Tensor& x) {
     replicated_counts_.assign(R, T);
     return forward_counts(x, &replicated_counts_);
   }
-  const bool a2a = opt_.comm == MoeComm::Auto || opt_.comm == MoeComm::AllToAll || opt_.comm == MoeComm::AllToAllLL;
-  const bool per_slot = layer_.quantized() && !layer_.smooth_uniform();
-  if (a2a && placement_.tp() == 1 && !per_slot && T <= opt_.max_tokens_per_rank &&
-      (opt_.chunk_tokens == 0 || T <= opt_.chunk_tokens)) {
+  if (slot_gather_applies(T)) {
     stats_.reset();
     const double t0 = dispatch::now_s();
     Tensor y = Tensor::zeros({T, H}, DType::F32);

@@ -110,6 +110,12 @@ class EpMoeLayer {
   // otherwise each rank takes an even share of the rows (sequence parallel), runs the
   // strategy, and the outputs are all-gathered.
   Tensor forward_replicated(const Tensor& x);
+  // Whether forward_replicated of T tokens routes all T on this rank (allreduce and the
+  // slot gather do; the sequence-parallel path routes this rank's share only), so that
+  // the layer's count_routed sees every token.
+  bool replicated_routes_all(int64_t T) const {
+    return opt_.comm == MoeComm::AllReduce || world_.size() == 1 || slot_gather_applies(T);
+  }
   const EpStats& stats() const { return stats_; }
   MoeLayer& local() { return layer_; }
   const Placement& placement() const { return placement_; }
@@ -121,6 +127,7 @@ class EpMoeLayer {
 
  private:
   MoeStrategy& strategy(MoeComm c);
+  bool slot_gather_applies(int64_t T) const;
   // forward() with every rank's token count given (nullptr: all-gathered here).
   Tensor forward_counts(const Tensor& x, const std::vector<int64_t>* counts);
   void attach_placement();
