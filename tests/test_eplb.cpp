@@ -160,6 +160,23 @@ TEST(LoadWindow, SumsTheLastSteps) {
   EXPECT_EQ(w.sum()[0], (std::vector<int64_t>{0, 0}));
 }
 
+// A long window is kept in 32 buckets of ceil(100 / 32) = 4 steps: after 200 steps of
+// one row each (expert 0) and then 3 (expert 1), the sum holds between 97 and 100 steps
+// and exactly the rows of the steps it says.
+TEST(LoadWindow, LongWindowsKeepBucketsOfSteps) {
+  std::vector<std::vector<int64_t>> c = {{0, 0}};
+  LoadWindow w(100, c);
+  for (int i = 0; i < 200; ++i) {
+    ++c[0][i < 150 ? 0 : 1];
+    w.push(c);
+    ASSERT_GE(w.steps(), std::min(i + 1, 97));
+    ASSERT_LE(w.steps(), std::min(i + 1, 100));
+    ASSERT_EQ(w.sum()[0][0] + w.sum()[0][1], w.steps());
+  }
+  EXPECT_EQ(w.sum()[0][1], 50);  // the last 50 steps all went to expert 1
+  EXPECT_EQ(w.sum()[0][0], w.steps() - 50);
+}
+
 // An expert copied piece by piece is the same expert, in every packed format.
 TEST(ExpertPieces, CopyKeepsEveryFormat) {
   const int64_t n = 96, k = 128;
