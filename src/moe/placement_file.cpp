@@ -148,10 +148,14 @@ Placement PlacementFile::layer_placement(int64_t layer, int tp) const {
 
 PlacementSource::PlacementSource(const EplbOptions& opt, int64_t n_experts, int ep, int tp, int n_group,
                                  Communicator* world)
-    : opt_(opt), n_experts_(n_experts), tp_(tp), params_{ep, opt.redundant, opt.nodes, std::max(1, n_group)} {
+    : n_experts_(n_experts), tp_(tp), params_{ep, opt.redundant, opt.nodes, std::max(1, n_group)} {
   MOE_CHECK(!opt.any() || ep > 1,
             "--redundant-experts, --placement and --eplb-interval place experts over EP ranks: they need --ep > 1");
-  if (opt.placement_file.empty()) return;
+  if (opt.placement_file.empty()) {
+    if (opt.redundant > 0 && ep > 1)
+      uniform_ = Placement::from_ranks(n_experts, tp, eplb_place(std::vector<double>(n_experts, 1.0), params_));
+    return;
+  }
   MOE_CHECK(opt.redundant == 0, "--placement FILE says where every slot goes: do not add --redundant-experts");
   file_ = read_placement(opt.placement_file);
   MOE_CHECK(file_->n_experts == n_experts && file_->ep == ep,
@@ -165,8 +169,7 @@ PlacementSource::PlacementSource(const EplbOptions& opt, int64_t n_experts, int 
 Placement PlacementSource::layer(int64_t l) const {
   if (params_.ep == 1) return Placement::contiguous(n_experts_, 1, tp_);
   if (file_) return file_->layer_placement(l, tp_);
-  if (opt_.redundant > 0)
-    return Placement::from_ranks(n_experts_, tp_, eplb_place(std::vector<double>(n_experts_, 1.0), params_));
+  if (uniform_) return *uniform_;
   return Placement::contiguous(n_experts_, params_.ep, tp_);
 }
 

@@ -53,11 +53,11 @@ class PlacementSource {
   std::vector<int64_t> file_layers() const { return file_ ? file_->layers : std::vector<int64_t>{}; }
 
  private:
-  EplbOptions opt_;
   int64_t n_experts_;
   int tp_;
   EplbParams params_;
   std::optional<PlacementFile> file_;
+  std::optional<Placement> uniform_;  // --redundant-experts without a file: the same for every layer
 };
 
 nlohmann::json to_json(const ExpertLoadFile& f);
