@@ -229,6 +229,18 @@ MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, i
   return w;
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+double max_over_ranks(Communicator& c, double v) {
+  std::vector<double> all(c.size());
+  c.all_gather(&v, sizeof v, all.data());
+  return *std::max_element(all.begin(), all.end());
+}
+
 double parse_skew(const std::string& s) {
   if (s.empty()) return 0.0;
   MOE_CHECK(s.rfind("zipf:", 0) == 0, "--skew '{}': expected zipf:S (e.g. zipf:1.2)", s);

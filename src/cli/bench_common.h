@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/bench_cmd.h"
+#include "comm/communicator.h"
 #include "moe/config.h"
 #include "moe/fused_moe.h"
 
@@ -48,6 +49,11 @@ DType bench_dtype(const std::string& name, int64_t group, int64_t* int4_group);
 // Bytes a GEMM reads per expert of W13 + W2: the packed weights, plus FP8 block scales or
 // int4 scales and zero points.
 size_t expert_read_bytes(const MoeLayerWeights& w);
+
+// The median of v (the mean of the two middle values for an even count; 0 if empty).
+double median(std::vector<double> v);
+// The largest v over the ranks of c (collective).
+double max_over_ranks(Communicator& c, double v);
 
 // --skew zipf:S -> S (>= 0); empty -> 0. Errors name the flag.
 double parse_skew(const std::string& s);

@@ -25,20 +25,9 @@ namespace moe {
 
 namespace {
 
+using bench::max_over_ranks;
+using bench::median;
 using bench::now_s;
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// The largest value over all ranks.
-double max_over_ranks(Communicator& c, double v) {
-  std::vector<double> all(c.size());
-  c.all_gather(&v, sizeof v, all.data());
-  return *std::max_element(all.begin(), all.end());
-}
 
 struct Timing {
   double total = 0, compute = 0, shared = 0, comm = 0, bytes = 0, dispatch = 0;

@@ -10,13 +10,13 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_cmd.h"
 #include "cli/bench_common.h"
 #include "comm/groups.h"
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/threads.h"
 #include "moe/ep_layer.h"
@@ -27,12 +27,8 @@ namespace moe {
 
 namespace {
 
+using bench::median;
 using bench::now_s;
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // Over n calls cycling through inputs: the slowest rank's median ms per call, and the
 // ranks' median compute time (EpStats::compute_s: routing, packing, experts, combine),
@@ -48,7 +44,7 @@ CallTime ms_per_call(EpMoeLayer& layer, const std::vector<Tensor>& inputs, int n
     t.push_back(now_s() - t0);
     c.push_back(layer.stats().compute_s);
   }
-  double m[2] = {median_of(t), median_of(c)};
+  double m[2] = {median(t), median(c)};
   std::vector<double> all(2 * layer.comm().size());
   layer.comm().all_gather(m, sizeof m, all.data());
   double mx = 0, cmax = 0, csum = 0;
@@ -259,11 +255,7 @@ int run_bench_eplb(const BenchOptions& o, Communicator& world) {
         "interleaved passes per placement). EPLB placed the calibration pool's "
         "load; the table's pools are other tokens.\n",
         kPool);
-    if (!o.json_path.empty()) {
-      std::ofstream out(o.json_path);
-      MOE_CHECK(out.good(), "cannot write --json file {}", o.json_path);
-      out << records.dump(2) << "\n";
-    }
+    if (!o.json_path.empty()) write_file_atomic(o.json_path, records.dump(2) + "\n", "--json");
     if (!all_ok) fmt::print(stderr, "moe-ep bench --eplb: the output check FAILED; the timings above are not valid\n");
   }
   return all_ok ? 0 : 2;

@@ -54,6 +54,8 @@ namespace moe {
 
 namespace {
 
+using bench::max_over_ranks;
+using bench::median;
 using bench::now_s;
 
 struct ModelShape {
@@ -82,17 +84,6 @@ struct BenchModelOptions {
   ParallelOptions parallel;
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-double max_over_ranks(Communicator& c, double v) {
-  std::vector<double> all(c.size());
-  c.all_gather(&v, sizeof v, all.data());
-  return *std::max_element(all.begin(), all.end());
-}
 
 // Prompt b of `n` tokens: fixed pseudo-random ids (tools/bench_transformers.py uses the same formula).
 std::vector<int32_t> prompt_ids(int64_t b, int64_t n, int64_t vocab) {

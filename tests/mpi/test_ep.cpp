@@ -22,6 +22,7 @@
 #include "loader/moe_weights.h"
 #include "loader/safetensors.h"
 #include "moe/ep_layer.h"
+#include "fixture_cases.h"
 
 namespace moe {
 namespace {
@@ -160,25 +161,9 @@ TEST(EpTagged, EverySlotReachesItsExpertAndComesBack) {
 
 // --- 2. Fixtures against the single-rank layer -------------------------------------
 
-struct Case {
-  std::string dir, input;
-  int64_t layer;
-};
-
-std::vector<Case> moe_cases() {
-  std::ifstream in(std::string(MOE_FIXTURES_DIR) + "/manifest.json");
-  const nlohmann::json m = nlohmann::json::parse(in);
-  std::vector<Case> out;
-  for (const auto& f : m)
-    for (const auto& c : f["cases"]) {
-      if (c["kind"] != "moe") continue;
-      const int64_t T = c["tokens"];
-      if (T != 0 && T != 7 && T != 33) continue;  // T=1 adds nothing the others do not cover here
-      out.push_back({std::string(MOE_FIXTURES_DIR) + "/" + f["name"].get<std::string>(),
-                     std::string(MOE_FIXTURES_DIR) + "/" + c["input"].get<std::string>(), c["layer"]});
-    }
-  return out;
-}
+using test::moe_cases;
+using Case = test::MoeCase;
+const std::vector<int64_t> kTokens = {0, 7, 33};  // T=1 adds nothing the others do not cover here
 
 class EpFixtures : public ::testing::TestWithParam<DType> {};
 
@@ -186,7 +171,7 @@ TEST_P(EpFixtures, EveryStrategyMatchesSingleRank) {
   const DType dt = GetParam();
   const int rank = world().rank();
   int checked = 0;
-  for (const Case& cs : moe_cases()) {
+  for (const Case& cs : moe_cases(kTokens)) {
     Checkpoint ck = Checkpoint::open(cs.dir);
     const MoeConfig cfg = MoeConfig::from_hf(ck.config());
     const Tensor x = SafetensorsFile::open(cs.input)->view("hidden_states").clone();
@@ -237,7 +222,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, EpFixtures, ::testing::Values(DType::F32, DType
 TEST(EpReplicated, SameTokensOnEveryRankGiveTheSingleRankOutput) {
   const int rank = world().rank();
   int checked = 0;
-  for (const Case& cs : moe_cases()) {
+  for (const Case& cs : moe_cases(kTokens)) {
     if (cs.input.find("T33") == std::string::npos) continue;
     Checkpoint ck = Checkpoint::open(cs.dir);
     const MoeConfig cfg = MoeConfig::from_hf(ck.config());

@@ -28,6 +28,7 @@
 #include "moe/placement_file.h"
 #include "moe/slot_weights.h"
 #include "runtime/generate.h"
+#include "fixture_cases.h"
 #include "../test_model_util.h"
 
 namespace moe {
@@ -51,23 +52,6 @@ std::vector<std::vector<int32_t>> random_ranks(int64_t E, int ep, int64_t extra,
   return r;
 }
 
-struct Case {
-  std::string dir, input;
-  int64_t layer;
-};
-
-std::vector<Case> cases() {
-  std::ifstream in(std::string(MOE_FIXTURES_DIR) + "/manifest.json");
-  const nlohmann::json m = nlohmann::json::parse(in);
-  std::vector<Case> out;
-  for (const auto& f : m)
-    for (const auto& c : f["cases"])
-      if (c["kind"] == "moe" && c["tokens"] == 33)
-        out.push_back({std::string(MOE_FIXTURES_DIR) + "/" + f["name"].get<std::string>(),
-                       std::string(MOE_FIXTURES_DIR) + "/" + c["input"].get<std::string>(), c["layer"]});
-  return out;
-}
-
 std::pair<int64_t, int64_t> share(int64_t T) {
   const int R = world().size(), r = world().rank();
   return {T * r / R, T * (r + 1) / R - T * r / R};
@@ -88,7 +72,7 @@ TEST(EplbLayer, AnyPlacementAndRebalanceGiveTheSingleRankOutput) {
   const int R = world().size(), rank = world().rank();
   if (R < 2) GTEST_SKIP() << "placements over EP ranks need 2 ranks or more";
   int checked = 0;
-  for (const Case& cs : cases()) {
+  for (const test::MoeCase& cs : test::moe_cases({33})) {
     Checkpoint ck = Checkpoint::open(cs.dir);
     const MoeConfig cfg = MoeConfig::from_hf(ck.config());
     if (cfg.n_experts < R) continue;
