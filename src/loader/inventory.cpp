@@ -133,9 +133,10 @@ std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfi
                                keys.size())});
     return out;
   }
-  // Outside the MLP blocks the model converts every tensor from a float type: no fp8.
+  // Outside the MLP blocks too a tensor may be block-scaled FP8 (attention, lm_head):
+  // loader/fp8_weights.h checks its scales.
   for (const TensorRead& r : non_mlp)
-    if (auto p = tensor_problem(ck, r.key, r.shape, r.layer, /*fp8_ok=*/false)) out.push_back(std::move(*p));
+    if (auto p = tensor_problem(ck, r.key, r.shape, r.layer)) out.push_back(std::move(*p));
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     for (auto& p : check_mlp_block(ck, cfg, l, 64)) out.push_back(std::move(p));
     for (auto& k : unexpected_mlp_tensors(ck, cfg, l))
@@ -146,7 +147,10 @@ std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfi
   // Every other key must be one of the model's reads: the MLP blocks' keys were
   // judged above by their own name map.
   std::unordered_set<std::string> read;
-  for (const TensorRead& r : non_mlp) read.insert(r.key);
+  for (const TensorRead& r : non_mlp) {
+    read.insert(r.key);
+    if (ck.has(r.key) && ck.info(r.key).dtype == DType::F8E4M3) read.insert(r.key + "_scale_inv");
+  }
   for (const std::string& k : keys) {
     if (read.count(k)) continue;
     const int64_t l = layer_of_key(k);
@@ -173,6 +177,11 @@ void load_share(const Checkpoint& ck, const MoeConfig& cfg, const std::vector<Te
   auto copy = [&](const TensorRead& r) {
     const Tensor t = load_sharded(ck, r, ck.info(r.key).dtype);
     if (opt.progress) opt.progress->advance(t.nbytes());
+    const std::string skey = r.key + "_scale_inv";
+    if (ck.info(r.key).dtype == DType::F8E4M3 && ck.has(skey)) {  // an FP8 weight's read includes its scales
+      const Tensor s = load_sharded(ck, fp8_scale_read(r, ck.info(skey).shape), ck.info(skey).dtype);
+      if (opt.progress) opt.progress->advance(s.nbytes());
+    }
   };
   for (const TensorRead& r : non_mlp) prefetch_sharded(ck, r);
   for (const TensorRead& r : non_mlp) copy(r);

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "loader/checkpoint.h"
+#include "loader/fp8_weights.h"
 #include "loader/moe_weights.h"
 #include "model/registry.h"
 #include "model/weights.h"
@@ -89,7 +90,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   }
 
   // The weights outside the MLP blocks, as model/weights.h describes them.
-  m->embed_ = load_sharded(ck, embed_read(c));  // a view of the mapping: rows are converted per token
+  // A view of the mapping (rows are converted per token); FP8 (no release quantises it,
+  // but a checkpoint may): dequantised at load.
+  m->embed_ = is_fp8_weight(ck, embed_read(c).key) ? load_f32(ck, embed_read(c)) : load_sharded(ck, embed_read(c));
   m->final_norm_ = load_f32(ck, final_norm_read(c));
   const DType linear_dt = opt.quantize_linears ? DType::I8 : opt.dtype;
   if (const auto lm = lm_head_read(c))

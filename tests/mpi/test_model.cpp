@@ -126,6 +126,48 @@ TEST(ModelDp, SeededSamplingIsTheSameOnEveryLayout) {
   }
 }
 
+// The FP8 checkpoints in bf16 (codes kept e4m3, dequantised inside every GEMM:
+// attention, dense MLPs, shared and routed experts, lm_head where quantised): pure EP
+// with the all-to-all strategies gives the one-rank bits; TP and DP layouts stay within
+// the single-rank bf16 bound of transformers' logits (2 % of the largest |logit|, one
+// outlier row allowed: test_model.cpp Bf16LogitsWithinBound) and every layout gives the
+// one-rank tokens.
+TEST(ModelFp8, Bf16CodesOnEveryLayout) {
+  const int R = world().size();
+  int fixtures = 0;
+  for (const auto& f : test::model_fixtures()) {
+    if (!f.name.ends_with("_fp8")) continue;
+    ++fixtures;
+    auto ref = test::load_model(f.dir, DType::BF16);
+    const Tensor ref_logits = prefill_logits(*ref, f.prompts);
+    auto ref2 = test::load_model(f.dir, DType::BF16);
+    const GenerateResult want = greedy(*ref2, f.prompts);
+    std::vector<Layout> layouts = {{R, 1, 1, MoeComm::AllToAll}, {R, 1, 1, MoeComm::AllToAllLL}};
+    if (R == 4) layouts.push_back({2, 2, 1, MoeComm::Auto});
+    if (R % 2 == 0) layouts.push_back({R, 1, 2, MoeComm::AllToAll});
+    for (Layout l : layouts) {
+      SCOPED_TRACE(f.name + " bf16 " + describe(l));
+      auto load_bf16 = [&] {
+        ModelOptions o;
+        o.dtype = DType::BF16;
+        o.n_slots = (3 + l.dp - 1) / l.dp;
+        o.max_seq = 32;
+        o.world = &world();
+        o.par = {l.ep, l.tp, l.dp};
+        o.ep.comm = l.comm;
+        return Model::load(f.dir, o);
+      };
+      auto m = load_bf16();
+      const Tensor got = prefill_logits(*m, f.prompts);
+      if (l.tp == 1 && l.dp == 1) EXPECT_EQ(test::max_logit_diff(got, ref_logits, f.prompts), 0.0) << "EP invariance";
+      EXPECT_LE(test::bf16_rows(got, f.logits, f.prompts).outliers, 1);
+      auto m2 = load_bf16();
+      EXPECT_EQ(greedy(*m2, f.prompts).tokens, want.tokens);
+    }
+  }
+  EXPECT_GE(fixtures, 4);
+}
+
 TEST(ModelTp, TpNotDividingHeadsIsAnError) {
   if (world().size() != 3) GTEST_SKIP() << "needs 3 ranks";
   const std::string dir = test::fixtures_dir() + "/qwen2_moe";  // 4 heads, 2 key/value heads
