@@ -57,6 +57,10 @@ FP8 = [
          lm_head=True),
     dict(name="mixtral_fused_fp8", source="mixtral_fused", spec_of="mixtral", block=[16, 16],
          scale_dtype=torch.float32),
+    # For `moe-ep serve` end to end (tests/serve/serve_e2e.sh): the chat fixture with its
+    # tokenizer and template; no goldens (the script checks the server against `generate`).
+    dict(name="chat_deepseek_v3_fp8", source="chat_deepseek_v3", block=[16, 16], scale_dtype=torch.float32,
+         chat=True),
 ]
 
 
@@ -117,6 +121,10 @@ def make_one(entry, by_name) -> dict:
     cfg["quantization_config"] = qc
     (d / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     shutil.copy(src / "generation_config.json", d / "generation_config.json")
+    if entry.get("chat"):
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(src / f, d / f)
+        return None
 
     # transformers on the exactly dequantised weights: a float checkpoint with the same keys.
     with tempfile.TemporaryDirectory() as tmp:
@@ -172,7 +180,9 @@ def main() -> int:
     records = [r for r in json.loads(manifest_path.read_text()) if "quantized_from" not in r]
     for entry in FP8:
         print(f"== {entry['name']} (fp8 of {entry['source']})", flush=True)
-        records.append(make_one(entry, by_name))
+        rec = make_one(entry, by_name)
+        if rec is not None:
+            records.append(rec)
     gf.write_json(manifest_path, records)
     for path in gf.OUT.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -109,12 +109,15 @@ std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, cons
     opt.tp_rank = p.tp_rank;
     opt.tp_size = tp;
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
-      for (const LayerRead& rd : mlp_layer_reads(ck, cfg, l, opt))
+      bool fp8 = false;  // FP8 experts computed in bf16 stay e4m3: 1 byte per weight
+      for (const LayerRead& rd : mlp_layer_reads(ck, cfg, l, opt)) {
         (is_expert(rd.role) ? p.expert_bytes : p.non_expert_bytes) += read_bytes(ck, rd.tensor_read());
+        fp8 |= is_expert(rd.role) && ck.has(rd.key) && ck.info(rd.key).dtype == DType::F8E4M3;
+      }
       if (cfg.is_moe_layer(l))
         p.resident_expert_bytes += static_cast<uint64_t>(p.expert_end - p.expert_begin) * 3 *
                                    static_cast<uint64_t>(cfg.moe_intermediate_size / tp) * cfg.hidden_size *
-                                   dtype_size(compute);
+                                   (fp8 && compute == DType::BF16 ? 1 : dtype_size(compute));
     }
     plans.push_back(p);
   }
