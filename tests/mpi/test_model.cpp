@@ -4,6 +4,7 @@
 //   --ep R (replicated attention), every strategy      all fixtures
 //   --tp 2 --ep 2 [--dp 2] (heads split, MoE-TP)      world 4
 //   --dp 2 --ep R, one replica with no prompt         even worlds
+//   FP8 checkpoints in bf16 (codes kept): every layout  ModelFp8
 //   --tp 3 on a model with 4 heads                     world 3: a clear error
 #include <gtest/gtest.h>
 
@@ -85,7 +86,8 @@ TEST(ModelDp, ReplicasWithAndWithoutRequestsStayInLockStep) {
   const int R = world().size();
   if (R % 2 != 0) GTEST_SKIP() << "--dp 2 needs an even number of ranks";
   for (const auto& f : test::model_fixtures()) {
-    if (f.name != "qwen3_moe" && f.name != "deepseek_v3" && f.name != "ernie4_5_moe" && f.name != "mixtral_gelu")
+    if (f.name != "qwen3_moe" && f.name != "deepseek_v3" && f.name != "ernie4_5_moe" && f.name != "mixtral_gelu" &&
+        f.name != "deepseek_v3_fp8" && f.name != "qwen3_moe_fp8")
       continue;
     for (MoeComm c : {MoeComm::AllToAll, MoeComm::AllGather, MoeComm::Auto}) {
       const Layout l{R, 1, 2, c};
