@@ -151,8 +151,8 @@ void GqaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   }
   for (const SeqSpan& sp : b.seqs)
     for (int64_t i = 0; i < sp.n; ++i) {
-      std::memcpy(c.cache->a(c.layer, sp.slot, sp.start_pos + i), k + (sp.first + i) * nkv, nkv * sizeof(float));
-      std::memcpy(c.cache->b(c.layer, sp.slot, sp.start_pos + i), v + (sp.first + i) * nkv, nkv * sizeof(float));
+      c.cache->put_a(c.layer, sp.slot, sp.start_pos + i, k + (sp.first + i) * nkv);  // rounded to the cache dtype
+      c.cache->put_b(c.layer, sp.slot, sp.start_pos + i, v + (sp.first + i) * nkv);
     }
   GqaAttendArgs aa;  // scores, softmax, V sum over the cache: model/attention_kernels.h
   aa.batch = &b;
@@ -230,18 +230,20 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   for (const SeqSpan& sp : b.seqs)
     for (int64_t i = 0; i < sp.n; ++i) {
       const float* row = kv + (sp.first + i) * (L + R);
-      std::memcpy(c.cache->a(c.layer, sp.slot, sp.start_pos + i), row, L * sizeof(float));
-      std::memcpy(c.cache->b(c.layer, sp.slot, sp.start_pos + i), row + L, R * sizeof(float));
+      c.cache->put_a(c.layer, sp.slot, sp.start_pos + i, row);  // rounded to the cache dtype
+      c.cache->put_b(c.layer, sp.slot, sp.start_pos + i, row + L);
     }
   const std::vector<int32_t> seq = seq_of_tokens(b);
   float* ctx = AttnScratch::ensure(s.ctx, T * n_heads_ * v_dim_);
   const int64_t max_seq = c.cache->max_seq();
   const float scale = static_cast<float>(scale_);
-  KvCache& cache = *c.cache;
+  const KvCache& cache = *c.cache;
   // Small steps run on one thread: waking a team costs more than the work.
 #pragma omp parallel if (T * n_heads_ * max_seq * L >= (int64_t{1} << 18))
   {
-    std::vector<float> sc(max_seq), q_lat(L), o_lat(L);
+    // c_row/pe_row: a bf16 cache's rows widened to f32 (KvCache::row_a; an f32 cache's
+    // rows are read in place).
+    std::vector<float> sc(max_seq), q_lat(L), o_lat(L), c_row(L), pe_row(R);
 #pragma omp for schedule(dynamic) collapse(2)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < n_heads_; ++h) {
@@ -253,12 +255,13 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
         for (int64_t n = 0; n < nope_; ++n)
           for (int64_t l = 0; l < L; ++l) q_lat[l] += qn[n] * uk[n * L + l];
         for (int64_t j = 0; j < n_ctx; ++j)
-          sc[j] = (dot(q_lat.data(), cache.a(c.layer, sp.slot, j), L) + dot(qn + nope_, cache.b(c.layer, sp.slot, j), R)) *
+          sc[j] = (dot(q_lat.data(), cache.row_a(c.layer, sp.slot, j, c_row.data()), L) +
+                   dot(qn + nope_, cache.row_b(c.layer, sp.slot, j, pe_row.data()), R)) *
                   scale;
         softmax_inplace(sc.data(), n_ctx);
         std::fill(o_lat.begin(), o_lat.end(), 0.f);
         for (int64_t j = 0; j < n_ctx; ++j) {
-          const float* cj = cache.a(c.layer, sp.slot, j);
+          const float* cj = cache.row_a(c.layer, sp.slot, j, c_row.data());
           for (int64_t l = 0; l < L; ++l) o_lat[l] += sc[j] * cj[l];
         }
         const float* uv = w_uv_.data<float>() + h * v_dim_ * L;
