@@ -134,6 +134,36 @@ TEST(KvCacheDtype, BadDtypeIsAClearError) {
   EXPECT_NE(error_of([&] { KvCache c(ks); }).find("KV cache dtype f16 is not supported"), std::string::npos);
 }
 
+// `moe-ep generate --kv-cache-dtype bf16` builds a bf16 cache (half the f32 cache's
+// bytes in --output-json) and gives the tokens of generate() with a bf16 cache.
+TEST(KvCacheDtype, GenerateFlagReachesTheModel) {
+  const std::string dir = test::fixtures_dir() + "/deepseek_v2";  // MLA: the latent cache
+  test::TempDir tmp;
+  auto run = [&](const std::string& dtype) {
+    std::string out;
+    const std::string json = tmp / (dtype + ".json");
+    EXPECT_EQ(test::run_command(std::string(MOE_EP_BINARY) + " generate --model " + dir +
+                                    " --prompt-ids \"3,1,4,1,5;9,2,6\" --max-new-tokens 8 --ignore-eos --max-seq-len 24"
+                                    " --kv-cache-dtype " + dtype + " --output-json " + json,
+                                &out),
+              0)
+        << out;
+    std::ifstream in(json);
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json f = run("f32"), b = run("bf16");
+  EXPECT_EQ(f["kv_cache"]["dtype"], "f32");
+  EXPECT_EQ(b["kv_cache"]["dtype"], "bf16");
+  EXPECT_EQ(b["kv_cache"]["bytes"].get<uint64_t>() * 2, f["kv_cache"]["bytes"].get<uint64_t>());
+  auto m = load(dir, DType::BF16, 2, 24);
+  GenerateOptions go;
+  go.max_new_tokens = 8;
+  go.ignore_eos = true;
+  const GenerateResult r = generate(*m, {{3, 1, 4, 1, 5}, {9, 2, 6}}, go);
+  EXPECT_EQ(b["generated"].get<std::vector<std::vector<int32_t>>>(), r.tokens);
+  EXPECT_EQ(m->cache().shape().bytes(), b["kv_cache"]["bytes"].get<uint64_t>());
+}
+
 class KvCacheBf16Model : public ::testing::TestWithParam<ModelFixture> {};
 
 std::string fixture_name(const ::testing::TestParamInfo<ModelFixture>& i) { return i.param.name; }
