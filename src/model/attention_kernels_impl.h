@@ -13,7 +13,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/dtype.h"
 #include "model/attention_kernels.h"
 
 // Internal linkage: each including file (one per ISA) gets its own copy, so the linker
@@ -61,11 +60,6 @@ struct Scratch {
   std::vector<float> vrow;  // [head_dim]: a V row widened to f32 (bf16 cache)
 };
 
-// A cached element as f32: exact for both dtypes (bf16 is the top half of an f32), so
-// the kernel and the reference loop see the same values.
-inline float widen(float x) { return x; }
-inline float widen(uint16_t h) { return bf16_to_f32(h); }
-
 // The V row of position j as f32: the cache's own row (f32), or widened into buf once
 // per position, then used by every query of the item (plain C++: the loop vectorises
 // for whichever ISA this file is compiled for).
@@ -76,7 +70,7 @@ inline const float* v_row(const KvCache& cache, int64_t layer, int64_t slot, int
   if constexpr (std::is_same_v<E, float>) {
     return v;
   } else {
-    for (int64_t d = 0; d < hd; ++d) buf[d] = widen(v[d]);
+    for (int64_t d = 0; d < hd; ++d) buf[d] = kv_widen(v[d]);
     return buf;
   }
 }
@@ -105,7 +99,7 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s) {
     for (int64_t l = 0; l < kLanes; ++l) {
       if (l < jn) {
         const E* k = cache.a_row<E>(a.layer, sp.slot, j0 + l) + kvh * hd;
-        for (int64_t d = 0; d < hd; ++d) tile[d * kLanes + l] = widen(k[d]);
+        for (int64_t d = 0; d < hd; ++d) tile[d * kLanes + l] = kv_widen(k[d]);
       } else {
         for (int64_t d = 0; d < hd; ++d) tile[d * kLanes + l] = 0.f;
       }

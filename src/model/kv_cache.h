@@ -46,11 +46,18 @@ struct KvCacheShape {
   bool paged() const { return n_blocks > 0; }
   int64_t blocks_per_slot() const { return (max_seq + block_size - 1) / block_size; }
   int64_t total_blocks() const { return paged() ? n_blocks : n_slots * blocks_per_slot(); }
-  uint64_t bytes() const { return static_cast<uint64_t>(total_blocks()) * bytes_per_block(n_layers, block_size, a_dim, b_dim, dtype); }
+  uint64_t bytes() const {
+    return static_cast<uint64_t>(total_blocks()) * bytes_per_block(n_layers, block_size, a_dim, b_dim, dtype);
+  }
   static uint64_t bytes_per_block(int64_t n_layers, int64_t block_size, int64_t a_dim, int64_t b_dim, DType dtype) {
     return static_cast<uint64_t>(n_layers) * block_size * (a_dim + b_dim) * dtype_size(dtype);
   }
 };
+
+// A stored element as f32, for readers of a_row/b_row: exact for both dtypes (bf16 is
+// the top half of an f32), so every reader sees the values row_a/row_b return.
+inline float kv_widen(float x) { return x; }
+inline float kv_widen(uint16_t h) { return bf16_to_f32(h); }
 
 // The dtypes a KV cache can hold, by the names of --kv-cache-dtype.
 inline DType parse_kv_cache_dtype(const std::string& name) {
@@ -116,10 +123,12 @@ class KvCache {
   // uint16_t holding bf16 bits (BF16); the caller picks E by dtype().
   template <class E>
   const E* a_row(int64_t layer, int64_t slot, int64_t pos) const {
+    MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype));
     return static_cast<const E*>(a_[layer].raw()) + row(slot, pos) * s_.a_dim;
   }
   template <class E>
   const E* b_row(int64_t layer, int64_t slot, int64_t pos) const {
+    MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype));
     return static_cast<const E*>(b_[layer].raw()) + row(slot, pos) * s_.b_dim;
   }
 
