@@ -171,9 +171,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   ks.a_dim = a_dim;
   ks.b_dim = b_dim;
   ks.block_size = opt.kv_block_size;
+  ks.dtype = opt.kv_cache_dtype;
   MOE_CHECK(ks.block_size >= 1 && ks.block_size <= 4096, "KV block size {} out of range [1, 4096]", ks.block_size);
   if (opt.paged_kv) {
-    const uint64_t per_block = KvCacheShape::bytes_per_block(c.n_layers, ks.block_size, a_dim, b_dim);
+    const uint64_t per_block = KvCacheShape::bytes_per_block(c.n_layers, ks.block_size, a_dim, b_dim, ks.dtype);
     const uint64_t full = per_block * ks.n_slots * ks.blocks_per_slot();
     const uint64_t want = opt.kv_cache_bytes > 0 ? opt.kv_cache_bytes : std::min(full, ModelOptions::kDefaultPagedKvBytes);
     ks.n_blocks = static_cast<int64_t>(std::min(want, full) / per_block);
