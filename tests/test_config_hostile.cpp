@@ -1,7 +1,9 @@
 // config.json values a hostile or broken file can hold, through the readers a model load
 // runs (MoeConfig::from_hf, model_config_from_hf with the family hooks,
 // parse_quant_config): each is a moe::Error naming the field, never a crash, undefined
-// behaviour or an nlohmann exception. Found by fuzz/fuzz_config.cpp (cases reduced by hand).
+// behaviour or an nlohmann exception. fuzz/fuzz_config.cpp found the type_error; the
+// overflows and the deep values were found reading the code and building its inputs
+// (a 2 MB value is past the fuzzer's input sizes).
 #include <gtest/gtest.h>
 
 #include <fstream>
