@@ -8,7 +8,9 @@
 #      transformers / jinja2 goldens, and `moe-ep serve` end to end under curl (1 and 2 ranks).
 #   2. The loader suites (hostile-checkpoint corpus, safetensors validation, sharding,
 #      scales, bad input) once more under AddressSanitizer + UndefinedBehaviorSanitizer.
-#   3. The libFuzzer targets of the text layer, each for FUZZ_SECONDS (default 30).
+#   3. The libFuzzer targets (fuzz/), each for FUZZ_SECONDS (default 30): the text layer
+#      (tokenizer.json, encode/decode, chat templates) and the checkpoint's parsers
+#      (safetensors header, model.safetensors.index.json, config.json + quantization_config).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -398,13 +398,19 @@ TEST(SafetensorsHostile, BadMetadata) {
 TEST(SafetensorsHostile, DeepNesting) {
   TempDir d;
   const int depth = 200000;
-  expect_header_error(d, std::string(depth, '[') + std::string(depth, ']'), 0,
-                      "expected a JSON object");
+  // Refused during the parse, at the first level past the limit: before the header
+  // is complete (the last case never is) and before anything walks it recursively.
+  expect_header_error(d, std::string(depth, '[') + std::string(depth, ']'), 0, "nested more than 64 levels");
   std::string obj;
   for (int i = 0; i < depth; ++i) obj += "{\"a\":";
   obj += "1" + std::string(depth, '}');
-  expect_header_error(d, obj, 0, "'dtype'");
-  expect_header_error(d, std::string(depth, '['), 0, "not valid JSON");
+  expect_header_error(d, obj, 0, "nested more than 64 levels");
+  expect_header_error(d, std::string(depth, '['), 0, "nested more than 64 levels");
+  // Inside the limit it parses, and is then refused for what it is (the message
+  // renders the value briefly, core/json_brief.h).
+  const std::string deep_shape = std::string(62, '[') + std::string(62, ']');
+  expect_header_error(d, R"({"a": {"dtype": "F32", "shape": )" + deep_shape + R"(, "data_offsets": [0, 0]}})", 0,
+                      "expected non-negative integers");
 }
 
 TEST(SafetensorsHostile, TruncationsAndByteFlipsNeverCrash) {
@@ -609,6 +615,13 @@ TEST(Checkpoint, ConfigAndDirectoryErrors) {
   expect_error([&] { moe::Checkpoint::open(d.path()); }, {"config.json", "not valid JSON"});
   write_config(d);
   expect_error([&] { moe::Checkpoint::open(d.path()); }, {"no weights"});
+  // config.json is read as strictly as the index: a key given twice (one value would be
+  // dropped without a word) and values nested past the limit are errors naming the file.
+  write_bytes(d.file("config.json"), R"({"num_experts": 8, "hidden_size": 8, "num_experts": 64})");
+  expect_error([&] { moe::Checkpoint::open(d.path()); }, {"config.json", "'num_experts' appears twice"});
+  write_bytes(d.file("config.json"), R"({"rope_parameters": {"x": )" + std::string(100000, '[') +
+                                         std::string(100000, ']') + "}}");
+  expect_error([&] { moe::Checkpoint::open(d.path()); }, {"config.json", "nested more than 64 levels"});
 }
 
 TEST(Checkpoint, ConcurrentViewsCountEachTensorOnce) {

@@ -56,14 +56,6 @@ PackedExperts make_packed_experts(int64_t n_experts, int64_t n, int64_t k, DType
 
 float act_gate(Activation act, float gate) { return gg::ActMath<gg::ScalarOps>::gate(act, gate); }
 
-Activation parse_activation(const std::string& s) {
-  if (s == "silu" || s == "swish" || s == "swiglu") return Activation::SiluMul;
-  if (s == "gelu" || s == "gelu_erf") return Activation::GeluErfMul;
-  if (s == "gelu_pytorch_tanh" || s == "gelu_new" || s == "gelu_tanh" || s == "gelu_fast")
-    return Activation::GeluTanhMul;
-  MOE_FAIL("unknown activation '{}': expected silu, gelu, gelu_pytorch_tanh or gelu_new", s);
-}
-
 namespace {
 
 void check_params(const GroupedGemmParams& p) {

@@ -81,12 +81,10 @@ Checkpoint Checkpoint::open(const std::string& dir_in) {
   MOE_CHECK(is_regular(cfg), "checkpoint {}: config.json not found (expected '{}')", dir_in,
             cfg.string());
   {
-    const std::string text = read_text(cfg);
-    try {
-      s->config = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      MOE_FAIL("'{}': not valid JSON: {}", cfg.string(), e.what());
-    }
+    // Strict as the index and the headers: a key given twice (one value silently
+    // dropped) or values nested deeper than any real config (whose every recursive walk,
+    // a dump() to compare ranks' configs for one, would overflow the stack) is an error.
+    s->config = parse_json_strict(read_text(cfg), "'" + cfg.string() + "'");
     MOE_CHECK(s->config.is_object(), "'{}': is a JSON {}, expected a JSON object", cfg.string(),
               s->config.type_name());
   }

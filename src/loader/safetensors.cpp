@@ -13,6 +13,8 @@
 #include <limits>
 #include <set>
 
+#include "core/json_brief.h"
+
 namespace moe {
 
 namespace {
@@ -50,18 +52,6 @@ bool json_u64(const nlohmann::json& j, uint64_t* out) {
   return false;
 }
 
-// Short rendering of a (possibly hostile, possibly huge) JSON value for messages.
-std::string json_brief(const nlohmann::json& j) {
-  std::string s;
-  try {
-    s = j.dump();
-  } catch (const nlohmann::json::exception&) {
-    s = std::string("<") + j.type_name() + ">";
-  }
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
-
 std::string errno_str() { return std::strerror(errno); }
 
 }  // namespace
@@ -86,8 +76,12 @@ nlohmann::json parse_json_strict(const std::string& text, const std::string& wha
   // every open object ourselves and report the first repeat after the parse.
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
-  auto cb = [&](int /*depth*/, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+  auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
+    // Thrown from inside the parse, which stops at once: it would otherwise keep a
+    // stack entry per level of a 100 MB "[[[[...".
+    if ((ev == E::object_start || ev == E::array_start) && depth >= kMaxJsonDepth)
+      MOE_FAIL("{}: values nested more than {} levels deep (real files nest 3)", what, kMaxJsonDepth);
     if (ev == E::object_start) {
       open_objects.emplace_back();
     } else if (ev == E::object_end) {
@@ -141,11 +135,18 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   ::close(fd);
   MOE_CHECK(base != MAP_FAILED, "{}: mmap of {} bytes failed: {}", where, size, mmap_err);
 
+  return from_bytes(std::shared_ptr<void>(base, [size](void* p) { ::munmap(p, size); }), size, path);
+}
+
+std::shared_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::shared_ptr<void> data, uint64_t size,
+                                                             const std::string& path) {
+  const std::string where = fmt::format("safetensors file '{}'", path);
+  MOE_CHECK(size >= 8, "{}: file is {} bytes, expected at least 8 (the header length)", where, size);
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
   f->file_size_ = size;
-  f->mapping_ = std::shared_ptr<void>(base, [size](void* p) { ::munmap(p, size); });
-  const auto* bytes = static_cast<const unsigned char*>(base);
+  f->mapping_ = std::move(data);
+  const auto* bytes = static_cast<const unsigned char*>(f->mapping_.get());
 
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];

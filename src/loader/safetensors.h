@@ -53,6 +53,12 @@ bool safetensors_dtype_from_name(const std::string& name, DType* out);
 class SafetensorsFile {
  public:
   static std::shared_ptr<SafetensorsFile> open(const std::string& path);
+  // The validation and the views of open() over `size` bytes already in memory (open()
+  // maps the file and calls this; the fuzzer hands it a heap buffer of exactly `size`
+  // bytes, so AddressSanitizer sees a read one byte past the end, which a page-rounded
+  // mapping would hide). `data` is kept alive by the views; `path` names it in errors.
+  static std::shared_ptr<SafetensorsFile> from_bytes(std::shared_ptr<void> data, uint64_t size,
+                                                     const std::string& path);
 
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -131,9 +137,16 @@ void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
-// Parses JSON text; any parse error, or an object holding the same key twice (which
-// nlohmann would silently collapse), is a moe::Error that starts with `what` (e.g. the
-// file name). Used for safetensors headers and model.safetensors.index.json.
+// Nesting depth parse_json_strict accepts: real files nest 3 levels (a safetensors
+// header's shape, an index's weight_map, config.json's rope_parameters); a deeper value
+// would only make every recursive walk of it (dump(), a copy, a comparison) a stack
+// overflow waiting for a large enough file.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses JSON text; any parse error, an object holding the same key twice (which
+// nlohmann would silently collapse) or values nested deeper than kMaxJsonDepth is a
+// moe::Error that starts with `what` (e.g. the file name). Used for safetensors
+// headers, model.safetensors.index.json and config.json.
 nlohmann::json parse_json_strict(const std::string& text, const std::string& what);
 
 }  // namespace moe

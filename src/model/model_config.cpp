@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/json_brief.h"
 
 namespace moe {
 
@@ -20,14 +21,30 @@ int64_t get_int(const json& cfg, const char* key, int64_t dflt, bool required) {
     MOE_CHECK(!required, "config.json: missing field '{}'", key);
     return dflt;
   }
-  MOE_CHECK(it->is_number_integer(), "config.json: field '{}' is {}, expected an integer", key, it->dump());
+  // An unsigned value past int64 would wrap to a negative one in get<int64_t>().
+  MOE_CHECK(it->is_number_integer() && !(it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)),
+            "config.json: field '{}' is {}, expected an integer", key, json_brief(*it));
   return it->get<int64_t>();
+}
+
+bool get_bool(const json& cfg, const char* key, bool dflt) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return dflt;
+  MOE_CHECK(it->is_boolean(), "config.json: field '{}' is {}, expected true or false", key, json_brief(*it));
+  return it->get<bool>();
+}
+
+std::string get_str(const json& cfg, const char* key, const std::string& dflt) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return dflt;
+  MOE_CHECK(it->is_string(), "config.json: field '{}' is {}, expected a string", key, json_brief(*it));
+  return it->get<std::string>();
 }
 
 double get_num(const json& obj, const char* key, double dflt) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return dflt;
-  MOE_CHECK(it->is_number(), "config.json: field '{}' is {}, expected a number", key, it->dump());
+  MOE_CHECK(it->is_number(), "config.json: field '{}' is {}, expected a number", key, json_brief(*it));
   return it->get<double>();
 }
 
@@ -51,7 +68,7 @@ double yarn_get_mscale(double scale, double mscale) {
 }
 
 void read_common_hparams(const json& cfg, ModelConfig& c) {
-  c.model_type = cfg.value("model_type", "");
+  c.model_type = get_str(cfg, "model_type", "");
   c.vocab_size = get_int(cfg, "vocab_size", 0, true);
   c.hidden_size = get_int(cfg, "hidden_size", 0, true);
   c.n_layers = get_int(cfg, "num_hidden_layers", 0, true);
@@ -60,18 +77,21 @@ void read_common_hparams(const json& cfg, ModelConfig& c) {
   c.head_dim = get_int(cfg, "head_dim", c.n_heads > 0 ? c.hidden_size / c.n_heads : 0, false);
   c.rms_eps = get_num(cfg, "rms_norm_eps", 1e-6);
   c.max_position = get_int(cfg, "max_position_embeddings", 0, false);
-  c.tie_embeddings = cfg.value("tie_word_embeddings", false);
+  c.tie_embeddings = get_bool(cfg, "tie_word_embeddings", false);
   read_eos(cfg, c.eos_token_ids);
 
   // transformers 5 writes "rope_parameters" {rope_theta, rope_type, ...}; older
   // configs have "rope_theta" at the top and an optional "rope_scaling" {type, ...}.
-  json rp = json::object();
-  if (auto it = cfg.find("rope_parameters"); it != cfg.end() && it->is_object()) rp = *it;
-  else if (auto it2 = cfg.find("rope_scaling"); it2 != cfg.end() && it2->is_object()) rp = *it2;
+  // Referred to, not copied: a copy of a hostile object recurses once per nesting level.
+  static const json kNone = json::object();
+  const json* rope = &kNone;
+  if (auto it = cfg.find("rope_parameters"); it != cfg.end() && it->is_object()) rope = &*it;
+  else if (auto it2 = cfg.find("rope_scaling"); it2 != cfg.end() && it2->is_object()) rope = &*it2;
+  const json& rp = *rope;
   RopeConfig& r = c.rope;
   r.theta = get_num(rp, "rope_theta", get_num(cfg, "rope_theta", 10000.0));
-  if (rp.contains("rope_type") && rp["rope_type"].is_string()) r.type = rp["rope_type"];
-  else if (rp.contains("type") && rp["type"].is_string()) r.type = rp["type"];
+  if (rp.contains("rope_type") && rp["rope_type"].is_string()) r.type = rp["rope_type"].get<std::string>();
+  else if (rp.contains("type") && rp["type"].is_string()) r.type = rp["type"].get<std::string>();
   MOE_CHECK(r.type == "default" || r.type == "yarn",
             "config.json: rope type '{}' is not supported (expected default or yarn)", r.type);
   MOE_CHECK(get_num(rp, "partial_rotary_factor", get_num(cfg, "partial_rotary_factor", 1.0)) == 1.0,
@@ -85,10 +105,14 @@ void read_common_hparams(const json& cfg, ModelConfig& c) {
     if (r.beta_fast == 0) r.beta_fast = 32.0;
     r.beta_slow = get_num(rp, "beta_slow", 1.0);
     if (r.beta_slow == 0) r.beta_slow = 1.0;
-    r.original_max_position = static_cast<int64_t>(get_num(rp, "original_max_position_embeddings", 0.0));
-    MOE_CHECK(r.original_max_position > 0, "config.json: yarn rope needs original_max_position_embeddings");
+    // A double first (configs write 4096 or 4096.0); in range before the conversion,
+    // which is undefined for a value an int64 cannot hold.
+    const double omp = get_num(rp, "original_max_position_embeddings", 0.0);
+    MOE_CHECK(omp >= 1 && omp <= double(int64_t{1} << 40),
+              "config.json: yarn rope needs original_max_position_embeddings in [1, 2^40], found {}", omp);
+    r.original_max_position = static_cast<int64_t>(omp);
     if (r.factor == 0) r.factor = static_cast<double>(c.max_position) / static_cast<double>(r.original_max_position);
-    if (rp.contains("truncate") && rp["truncate"].is_boolean()) r.truncate = rp["truncate"];
+    if (rp.contains("truncate") && rp["truncate"].is_boolean()) r.truncate = rp["truncate"].get<bool>();
   }
 }
 

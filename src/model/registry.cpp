@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/json_brief.h"
 
 namespace moe {
 
@@ -28,7 +29,10 @@ const FamilyHooks& find_family(const std::string& model_type) {
 
 ModelConfig model_config_from_hf(const nlohmann::json& cfg) {
   MOE_CHECK(cfg.is_object(), "config.json must be a JSON object");
-  const FamilyHooks& fam = find_family(cfg.value("model_type", ""));
+  // json::value() would throw nlohmann's type_error for a model_type that is not a
+  // string; MoeConfig::from_hf (next) names the field in that case.
+  const auto mt = cfg.find("model_type");
+  const FamilyHooks& fam = find_family(mt != cfg.end() && mt->is_string() ? mt->get<std::string>() : "");
   ModelConfig c;
   c.moe = MoeConfig::from_hf(cfg);
   read_common_hparams(cfg, c);
@@ -59,7 +63,7 @@ AttentionKeys gqa_attention_keys(int64_t l, bool qk_norm, bool qkv_bias, bool o_
 bool config_flag(const nlohmann::json& cfg, const char* key, bool dflt) {
   auto it = cfg.find(key);
   if (it == cfg.end() || it->is_null()) return dflt;
-  MOE_CHECK(it->is_boolean(), "config.json: field '{}' is {}, expected true or false", key, it->dump());
+  MOE_CHECK(it->is_boolean(), "config.json: field '{}' is {}, expected true or false", key, json_brief(*it));
   return it->get<bool>();
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/json_brief.h"
 
 namespace moe {
 
@@ -52,16 +53,29 @@ int64_t get_int(const json& cfg, std::initializer_list<const char*> names, std::
     MOE_CHECK(dflt.has_value(), "config.json: missing field {} (an integer)", names_str(names));
     return *dflt;
   }
-  MOE_CHECK(v->is_number_integer() || v->is_number_unsigned(),
-            "config.json: field '{}' must be an integer, found {}", name, v->dump());
+  // An unsigned value past int64 would wrap to a negative one in get<int64_t>().
+  MOE_CHECK(v->is_number_integer() && !(v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)),
+            "config.json: field '{}' must be an integer, found {}", name, json_brief(*v));
   return v->get<int64_t>();
+}
+
+// The shared experts' intermediate size: n_shared experts of moe_intermediate_size each,
+// refused before the product can overflow (neither factor is validated yet).
+int64_t shared_size(int64_t moe_intermediate, const json& cfg, const char* n_shared_field) {
+  const int64_t n = get_int(cfg, {n_shared_field}, 0);
+  int64_t size = 0;
+  MOE_CHECK(n >= 0 && !__builtin_mul_overflow(moe_intermediate, n, &size),
+            "config.json: {} = {} shared experts of moe_intermediate_size {}: expected a count >= 0 whose total "
+            "size fits in 64 bits",
+            n_shared_field, n, moe_intermediate);
+  return size;
 }
 
 double get_float(const json& cfg, std::initializer_list<const char*> names, double dflt) {
   const char* name = nullptr;
   const json* v = find_field(cfg, names, &name);
   if (!v) return dflt;
-  MOE_CHECK(v->is_number(), "config.json: field '{}' must be a number, found {}", name, v->dump());
+  MOE_CHECK(v->is_number(), "config.json: field '{}' must be a number, found {}", name, json_brief(*v));
   const double d = v->get<double>();
   MOE_CHECK(std::isfinite(d), "config.json: field '{}' must be finite, found {}", name, d);
   return d;
@@ -70,14 +84,14 @@ double get_float(const json& cfg, std::initializer_list<const char*> names, doub
 bool get_bool(const json& cfg, const char* name, bool dflt) {
   auto it = cfg.find(name);
   if (it == cfg.end() || it->is_null()) return dflt;
-  MOE_CHECK(it->is_boolean(), "config.json: field '{}' must be true or false, found {}", name, it->dump());
+  MOE_CHECK(it->is_boolean(), "config.json: field '{}' must be true or false, found {}", name, json_brief(*it));
   return it->get<bool>();
 }
 
 std::string get_string(const json& cfg, const char* name, const std::string& dflt) {
   auto it = cfg.find(name);
   if (it == cfg.end() || it->is_null()) return dflt;
-  MOE_CHECK(it->is_string(), "config.json: field '{}' must be a string, found {}", name, it->dump());
+  MOE_CHECK(it->is_string(), "config.json: field '{}' must be a string, found {}", name, json_brief(*it));
   return it->get<std::string>();
 }
 
@@ -124,7 +138,7 @@ MoeConfig MoeConfig::from_hf(const json& cfg) {
       if (auto it = cfg.find("mlp_only_layers"); it != cfg.end() && !it->is_null()) {
         MOE_CHECK(it->is_array(), "config.json: 'mlp_only_layers' must be a list of layer indices");
         for (const auto& v : *it) {
-          MOE_CHECK(v.is_number_integer(), "config.json: 'mlp_only_layers' holds {}, expected integers", v.dump());
+          MOE_CHECK(v.is_number_integer(), "config.json: 'mlp_only_layers' holds {}, expected integers", json_brief(v));
           c.mlp_only_layers.push_back(v.get<int64_t>());
         }
       }
@@ -153,7 +167,7 @@ MoeConfig MoeConfig::from_hf(const json& cfg) {
       c.top_k = get_int(cfg, {"num_experts_per_tok"});
       c.moe_intermediate_size = get_int(cfg, {"moe_intermediate_size"});
       c.dense_intermediate_size = get_int(cfg, {"intermediate_size"}, 0);
-      c.shared_intermediate_size = c.moe_intermediate_size * get_int(cfg, {"n_shared_experts"}, 0);
+      c.shared_intermediate_size = shared_size(c.moe_intermediate_size, cfg, "n_shared_experts");
       c.first_k_dense_replace = get_int(cfg, {"first_k_dense_replace"}, 0);
       c.moe_layer_freq = get_int(cfg, {"moe_layer_freq"}, 1);
       const std::string scoring = get_string(cfg, "scoring_func", v3 ? "sigmoid" : "softmax");
@@ -185,7 +199,7 @@ MoeConfig MoeConfig::from_hf(const json& cfg) {
       c.top_k = get_int(cfg, {"moe_k"});
       c.moe_intermediate_size = get_int(cfg, {"moe_intermediate_size"});
       c.dense_intermediate_size = get_int(cfg, {"intermediate_size"}, 0);
-      c.shared_intermediate_size = c.moe_intermediate_size * get_int(cfg, {"moe_num_shared_experts"}, 0);
+      c.shared_intermediate_size = shared_size(c.moe_intermediate_size, cfg, "moe_num_shared_experts");
       c.moe_layer_start_index = get_int(cfg, {"moe_layer_start_index"}, 0);
       c.moe_layer_end_index = get_int(cfg, {"moe_layer_end_index"}, -1);
       c.moe_layer_interval = get_int(cfg, {"moe_layer_interval"}, 1);

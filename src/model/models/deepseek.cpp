@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/json_brief.h"
 #include "model/registry.h"
 
 namespace moe {
@@ -16,7 +17,7 @@ namespace {
 int64_t get_dim(const nlohmann::json& cfg, const char* key, int64_t dflt) {
   auto it = cfg.find(key);
   if (it == cfg.end() || it->is_null()) return dflt;
-  MOE_CHECK(it->is_number_integer(), "config.json: field '{}' is {}, expected an integer", key, it->dump());
+  MOE_CHECK(it->is_number_integer(), "config.json: field '{}' is {}, expected an integer", key, json_brief(*it));
   return it->get<int64_t>();
 }
 
@@ -29,7 +30,8 @@ void mla_hparams(const nlohmann::json& cfg, ModelConfig& c, bool interleave) {
   c.qk_rope_head_dim = get_dim(cfg, "qk_rope_head_dim", 0);
   c.v_head_dim = get_dim(cfg, "v_head_dim", 0);
   c.rope.interleaved = interleave;
-  double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  // In double: the dims are not validated yet, and their int64 sum could overflow.
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim) + static_cast<double>(c.qk_rope_head_dim));
   if (c.rope.type != "default" && c.rope.mscale_all_dim != 0) {
     const double m = yarn_get_mscale(c.rope.factor, c.rope.mscale_all_dim);
     scale *= m * m;
@@ -39,7 +41,7 @@ void mla_hparams(const nlohmann::json& cfg, ModelConfig& c, bool interleave) {
 
 void v2_hparams(const nlohmann::json& cfg, ModelConfig& c) { mla_hparams(cfg, c, true); }
 void v3_hparams(const nlohmann::json& cfg, ModelConfig& c) {
-  mla_hparams(cfg, c, cfg.value("rope_interleave", true));
+  mla_hparams(cfg, c, config_flag(cfg, "rope_interleave", true));
 }
 
 AttentionKeys keys(const ModelConfig& c, int64_t l) {

@@ -12,7 +12,7 @@ namespace {
 void hparams(const nlohmann::json& cfg, ModelConfig& c) {
   c.attention = AttentionKind::Gqa;
   c.rope.interleaved = true;
-  MOE_CHECK(!cfg.value("use_bias", false), "config.json: use_bias=true is not supported for ernie4_5_moe");
+  MOE_CHECK(!config_flag(cfg, "use_bias", false), "config.json: use_bias=true is not supported for ernie4_5_moe");
 }
 
 AttentionKeys keys(const ModelConfig&, int64_t l) { return gqa_attention_keys(l, false); }

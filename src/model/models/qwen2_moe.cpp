@@ -13,7 +13,7 @@ void hparams(const nlohmann::json& cfg, ModelConfig& c) {
   c.attention = AttentionKind::Gqa;
   c.attention_bias = config_flag(cfg, "qkv_bias", true);  // transformers' default: Qwen2 always had them
   c.rope.interleaved = false;
-  MOE_CHECK(!cfg.value("use_sliding_window", false), "config.json: use_sliding_window=true is not supported");
+  MOE_CHECK(!config_flag(cfg, "use_sliding_window", false), "config.json: use_sliding_window=true is not supported");
 }
 
 // q/k/v have a bias (qkv_bias), o_proj never.

@@ -14,7 +14,7 @@ void hparams(const nlohmann::json& cfg, ModelConfig& c) {
   c.qk_norm = true;
   c.attention_bias = config_flag(cfg, "attention_bias", false);
   c.rope.interleaved = false;
-  MOE_CHECK(!cfg.value("use_sliding_window", false), "config.json: use_sliding_window=true is not supported");
+  MOE_CHECK(!config_flag(cfg, "use_sliding_window", false), "config.json: use_sliding_window=true is not supported");
 }
 
 // attention_bias gives all four projections a bias.
