@@ -39,7 +39,11 @@ Linear make_linear(const Tensor& w, DType compute, const Tensor& bias) {
 }
 
 Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute) {
-  return make_linear(load_f32(ck, r.weight), compute, r.bias ? load_f32(ck, *r.bias) : Tensor());
+  // Packed from the checkpoint's dtype (a view of the mapping, or this rank's strided
+  // slice), not from an f32 copy: no transient 2x (bf16) copy of e.g. a [V, H] lm_head.
+  Linear l = make_linear(load_sharded(ck, r.weight), compute, r.bias ? load_f32(ck, *r.bias) : Tensor());
+  release_sharded(ck, r.weight);  // packed: the file's pages leave the process
+  return l;
 }
 
 void linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s, int64_t ldx,
