@@ -67,17 +67,18 @@ LoadBytes load_bytes(const Checkpoint& ck, const ModelConfig& c, int tp_rank, in
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     uint64_t experts = 0;
+    double share = 0;
     try {
       for (const LayerRead& r : mlp_layer_reads(ck, c.moe, l, lo)) {
         const bool expert = r.expert >= 0 || r.role == LayerRead::FusedGateUp || r.role == LayerRead::FusedDown;
         (expert ? experts : b.mlp[l]) += read_bytes(ck, r.tensor_read());
       }
+      share = experts_from_ck && c.moe.is_moe_layer(l) ? expert_share(l) : 0.0;
     } catch (const Error&) {
+      b.mlp[l] = 0;
       continue;  // only an estimate: the layer's own load reports what is wrong
     }
-    b.total += b.mlp[l];
-    if (experts_from_ck && c.moe.is_moe_layer(l))
-      b.total += static_cast<uint64_t>(static_cast<double>(experts) * expert_share(l));
+    b.total += b.mlp[l] + static_cast<uint64_t>(static_cast<double>(experts) * share);
   }
   return b;
 }
