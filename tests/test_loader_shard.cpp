@@ -243,9 +243,11 @@ TEST(LoaderShard, ProgressPrintsAPlainLinePerTenPercent) {
   const std::string out = testing::internal::GetCapturedStderr();
   int lines = 0;
   for (char c : out) lines += c == '\n';
-  EXPECT_EQ(lines, 10) << out;
+  EXPECT_EQ(lines, 11) << out;  // one per 10 %, then the summary
   EXPECT_NE(out.find("loading: 10%"), std::string::npos) << out;
   EXPECT_NE(out.find("loading: 100%"), std::string::npos) << out;
+  EXPECT_NE(out.find("loading: done, 0.00 GB in "), std::string::npos) << out;
+  EXPECT_NE(out.find(" GB/s)\n"), std::string::npos) << out;
   testing::internal::CaptureStderr();
   {
     Progress p("small", 1000);  // under the default threshold: silent

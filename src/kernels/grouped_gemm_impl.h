@@ -183,6 +183,22 @@ void run_task_portable_i8(const Job& j, const Task& t);    // grouped_gemm_int8.
 // I8 pieces of packing and the reference (grouped_gemm_int8.cpp).
 void alloc_q8(PackedExperts& p);
 void pack_expert_i8(PackedExperts& p, int64_t e, const Tensor& w);
+// The float rows of one expert's [n, k] weight as the I8 packer reads them, one row at
+// a time: row r < top_rows is top + r * top_stride, else bottom + (r - top_rows) *
+// bottom_stride (gated W13: gate rows then up rows, no stacked copy), each k contiguous
+// values of `dtype` (f32, bf16 or f16; e.g. a view of the mmapped checkpoint).
+struct FloatRows {
+  const char* top = nullptr;
+  int64_t top_stride = 0, top_rows = 0;  // bytes, rows
+  const char* bottom = nullptr;
+  int64_t bottom_stride = 0;  // bytes
+  DType dtype = DType::F32;
+  const char* row(int64_t r) const { return r < top_rows ? top + r * top_stride : bottom + (r - top_rows) * bottom_stride; }
+};
+// pack_expert_i8 from rows: each row is converted to f32, multiplied by the smooth
+// vector and quantised on its own, so the staging is one row of k floats, never a float
+// copy of the expert (a [V, H] lm_head under --quantize-linears is one "expert").
+void pack_expert_i8_rows(PackedExperts& p, int64_t e, const FloatRows& rows);
 Tensor unpack_expert_i8(const PackedExperts& p, int64_t e);
 void reference_i8(const GroupedGemmParams& p);
 void run_task_avx512_vnni_i8(const Job& j, const Task& t);  // vpdpbusd, grouped_gemm_int8_avx512.cpp

@@ -29,44 +29,55 @@ void alloc_q8(PackedExperts& p) {
 
 namespace {
 
+// Writes packed column j of panel P of expert e from one quantised row qr [k] and its scale.
+void write_q8_column(PackedExperts& p, int64_t e, int64_t P, int j, const int8_t* qr, float scale) {
+  const int64_t pe = panel_elems(p.k, DType::I8), K = p.k, cols = n_panels(p.n, p.gated) * kPanel;
+  int8_t* dst = static_cast<int8_t*>(p.data.raw()) + e * p.expert_stride + P * pe;
+  int32_t sum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    dst[((k / 4) * kPanel + j) * 4 + (k & 3)] = qr[k];
+    sum += qr[k];
+  }
+  p.w_scale.data<float>()[e * cols + P * kPanel + j] = scale;
+  p.w_comp.data<int32_t>()[e * cols + P * kPanel + j] = 128 * sum;
+}
+
 // Writes expert e from q [n, k] and scale [n].
 void pack_q8_rows(PackedExperts& p, int64_t e, const int8_t* q, const float* scale) {
-  const int64_t np = n_panels(p.n, p.gated), pe = panel_elems(p.k, DType::I8), K = p.k;
-  const int64_t cols = np * kPanel;
-  float* ws = p.w_scale.data<float>() + e * cols;
-  int32_t* wc = p.w_comp.data<int32_t>() + e * cols;
-  for (int64_t P = 0; P < np; ++P) {
-    int8_t* dst = static_cast<int8_t*>(p.data.raw()) + e * p.expert_stride + P * pe;
+  const int64_t np = n_panels(p.n, p.gated);
+  for (int64_t P = 0; P < np; ++P)
     for (int j = 0; j < kPanel; ++j) {
       const int64_t row = panel_col_to_row(p, P, j);
-      if (row < 0) continue;
-      const int8_t* qr = q + row * K;
-      int32_t sum = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        dst[((k / 4) * kPanel + j) * 4 + (k & 3)] = qr[k];
-        sum += qr[k];
-      }
-      ws[P * kPanel + j] = scale[row];
-      wc[P * kPanel + j] = 128 * sum;
+      if (row >= 0) write_q8_column(p, e, P, j, q + row * p.k, scale[row]);
     }
-  }
 }
 
 }  // namespace
 
+void pack_expert_i8_rows(PackedExperts& p, int64_t e, const FloatRows& rows) {
+  const int64_t K = p.k, np = n_panels(p.n, p.gated);
+  const float* smooth = p.smooth.defined() ? p.smooth.data<float>() + e * K : nullptr;
+  std::vector<float> w(K);  // one row: the whole staging of this expert
+  std::vector<int8_t> q(K);
+  for (int64_t P = 0; P < np; ++P)
+    for (int j = 0; j < kPanel; ++j) {
+      const int64_t row = panel_col_to_row(p, P, j);
+      if (row < 0) continue;
+      convert_to_f32(rows.row(row), rows.dtype, w.data(), static_cast<size_t>(K));
+      if (smooth)  // folded in before quantisation (SmoothQuant: w[n, k] * smooth[k])
+        for (int64_t k = 0; k < K; ++k) w[k] *= smooth[k];
+      write_q8_column(p, e, P, j, q.data(), quantize_weight_row(w.data(), K, q.data()));
+    }
+}
+
 void pack_expert_i8(PackedExperts& p, int64_t e, const Tensor& w) {
-  Tensor wf = w.to(DType::F32);  // a copy: the smooth vector is folded in below
-  float* W = wf.data<float>();
-  const int64_t N = p.n, K = p.k;
-  if (p.smooth.defined()) {
-    const float* s = p.smooth.data<float>() + e * K;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) W[n * K + k] *= s[k];
-  }
-  std::vector<int8_t> q(N * K);
-  std::vector<float> scale(N);
-  for (int64_t n = 0; n < N; ++n) scale[n] = quantize_weight_row(W + n * K, K, q.data() + n * K);
-  pack_q8_rows(p, e, q.data(), scale.data());
+  const Tensor c = w.dim(1) > 1 && w.strides()[1] != 1 ? w.clone() : w;  // rows of k contiguous values
+  FloatRows rows;
+  rows.top = static_cast<const char*>(c.raw());
+  rows.top_stride = c.strides()[0] * static_cast<int64_t>(dtype_size(c.dtype()));
+  rows.top_rows = p.n;
+  rows.dtype = c.dtype();
+  pack_expert_i8_rows(p, e, rows);
 }
 
 Tensor unpack_expert_i8(const PackedExperts& p, int64_t e) {

@@ -195,14 +195,27 @@ void pack_expert_gated(PackedExperts& p, int64_t e, const Tensor& gate, const Te
   check_source(p, e, up, half, "pack_expert_gated (up)");
   MOE_CHECK(gate.dtype() == up.dtype(), "pack_expert_gated: gate and up projections have different dtypes ({} vs {})",
             dtype_name(gate.dtype()), dtype_name(up.dtype()));
+  if (p.dtype == DType::I8 && p.int4_group == 0) {
+    // W8A8 quantises row by row (grouped_gemm_int8.cpp): gate and up as they are.
+    Tensor hold_g, hold_u;
+    const RowSource g = row_source(gate, hold_g), u = row_source(up, hold_u);
+    gg::FloatRows rows;
+    rows.top = g.base;
+    rows.top_stride = g.stride;
+    rows.top_rows = half;
+    rows.bottom = u.base;
+    rows.bottom_stride = u.stride;
+    rows.dtype = g.dtype;
+    return gg::pack_expert_i8_rows(p, e, rows);
+  }
   if (p.dtype == DType::I8) {
-    // Quantisation works on whole f32 rows (grouped_gemm_int8.cpp): stack them.
+    // int4 groups quantise whole f32 rows of the stacked expert (grouped_gemm_int4.cpp).
     Tensor w = Tensor::empty({p.n, p.k}, DType::F32);
     const size_t half_elems = static_cast<size_t>(half * p.k);
     const Tensor g = gate.is_contiguous() ? gate : gate.clone(), u = up.is_contiguous() ? up : up.clone();
     convert_to_f32(g.raw(), g.dtype(), w.data<float>(), half_elems);
     convert_to_f32(u.raw(), u.dtype(), w.data<float>() + half_elems, half_elems);
-    return p.int4_group > 0 ? gg::pack_expert_i4(p, e, w) : gg::pack_expert_i8(p, e, w);
+    return gg::pack_expert_i4(p, e, w);
   }
   Tensor hold_g, hold_u;
   pack_rows(p, e, row_source(gate, hold_g), half, row_source(up, hold_u));

@@ -192,6 +192,12 @@ void Checkpoint::prefetch_elems(const std::string& key, int64_t elem_begin, int6
   s_->shard_for(key, &si).prefetch_elems(key, elem_begin, n);
 }
 
+void Checkpoint::release_elems(const std::string& key, int64_t elem_begin, int64_t n) const {
+  if (!has(key)) return;
+  size_t si = 0;
+  s_->shard_for(key, &si).release_elems(key, elem_begin, n);
+}
+
 std::vector<std::string> Checkpoint::keys_with_prefix(const std::string& prefix) const {
   std::vector<std::string> out;
   for (auto it = s_->key_shard.lower_bound(prefix); it != s_->key_shard.end() && it->first.starts_with(prefix);
@@ -241,6 +247,14 @@ uint64_t Checkpoint::bytes_touched() const {
   uint64_t total = 0;
   for (const auto& sh : s_->shards)
     if (sh.sf) total += sh.sf->bytes_touched();
+  return total;
+}
+
+uint64_t Checkpoint::bytes_released() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  uint64_t total = 0;
+  for (const auto& sh : s_->shards)
+    if (sh.sf) total += sh.sf->bytes_released();
   return total;
 }
 

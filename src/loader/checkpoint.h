@@ -53,6 +53,10 @@ class Checkpoint {
   // Starts background reads of elements [elem_begin, elem_begin + n) of `key`
   // (madvise WILLNEED; nothing counted). Unknown keys are ignored.
   void prefetch_elems(const std::string& key, int64_t elem_begin, int64_t n) const;
+  // Done with elements [elem_begin, elem_begin + n) of `key`: their whole pages leave
+  // this process's mapping (SafetensorsFile::release_elems; the page cache keeps them).
+  // Unknown keys are ignored.
+  void release_elems(const std::string& key, int64_t elem_begin, int64_t n) const;
   std::vector<std::string> keys() const;  // sorted
   // The sorted keys that start with `prefix` (cheap: a range of the key map).
   std::vector<std::string> keys_with_prefix(const std::string& prefix) const;
@@ -67,6 +71,8 @@ class Checkpoint {
   std::string file_of(const std::string& key) const;
   // Sum of bytes_touched() over the shards opened so far.
   uint64_t bytes_touched() const;
+  // Sum of bytes_released() over the shards opened so far.
+  uint64_t bytes_released() const;
   // Number of shard files opened (mmapped) so far; with an index, a lazily growing count.
   size_t shards_opened() const;
 

@@ -112,6 +112,7 @@ GatedMlpWeights load_gated(const Checkpoint& ck, const LayerRead& g, const Layer
   w.w2 = make_packed_experts(1, H, I, compute, /*gated=*/false);
   pack_expert_gated(w.w13, 0, load_read(ck, g), load_read(ck, u));
   pack_expert(w.w2, 0, load_read(ck, d));
+  for (const LayerRead* r : {&g, &u, &d}) release_sharded(ck, r->tensor_read());  // packed: held once
   return w;
 }
 
@@ -338,6 +339,7 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
     switch (r.role) {
       case LayerRead::Router: w.gate = make_packed_experts(1, E, H, DType::F32, false);
                               pack_expert(w.gate, 0, load_read(ck, r));
+                              release_sharded(ck, r.tensor_read());
                               break;
       case LayerRead::Bias: bias = &r; break;
       case LayerRead::ExpertGate: gate[r.expert - w.expert_begin] = &r; break;
@@ -409,6 +411,12 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
       guarded([&] {
         pack_expert(w.w13, e, gu.slice_rows(e, e + 1).reshape({2 * Il, H}));
         pack_expert(w.w2, e, dn.slice_rows(e, e + 1).reshape({H, Il}));
+        // This expert's rows of the stacked tensors are packed: their pages leave the process.
+        const int64_t g = w.expert_begin + e;
+        release_sharded(ck, fused_gu->key, fused_gu->full_shape,
+                        ShardRule::expert_local_stacked(g, g + 1, 0, 2), fused_gu->rank, fused_gu->size);
+        release_sharded(ck, fused_dn->key, fused_dn->full_shape, ShardRule::expert_local_stacked(g, g + 1, 1),
+                        fused_dn->rank, fused_dn->size);
         if (opt.progress) opt.progress->advance(per_expert);
       });
   } else {
@@ -431,6 +439,9 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
         const Tensor g = load_read(ck, *gate[e]), u = load_read(ck, *up[e]), d = load_read(ck, *down[e]);
         pack_expert_gated(w.w13, e, g, u);
         pack_expert(w.w2, e, d);
+        // Packed: the expert's file pages leave the process (the page cache keeps them),
+        // so the rank holds its weights once, not once packed and once mapped.
+        for (const LayerRead* r : {gate[e], up[e], down[e]}) release_sharded(ck, r->tensor_read());
         if (opt.progress) opt.progress->advance(g.nbytes() + u.nbytes() + d.nbytes());
       });
   }
@@ -440,6 +451,10 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
     w.shared = load_gated(ck, *shared[0], *shared[1], *shared[2], cfg.act, opt.compute);
     if (sgate) w.shared_gate = load_read(ck, *sgate, DType::F32).reshape({H});
   }
+  // A fault on one tensor's first page maps the neighbouring cached pages too (the
+  // kernel's fault-around, 64 KiB), the released tail of the tensor before it included:
+  // once more over the layer's reads, so none of its file pages stays in the process.
+  for (const LayerRead& r : reads) release_sharded(ck, r.tensor_read());
   return w;
 }
 

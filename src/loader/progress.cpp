@@ -43,17 +43,19 @@ void Progress::draw(uint64_t done, bool final) {
     constexpr int kWidth = 30;
     const int fill = static_cast<int>(frac * kWidth);
     fmt::print(stderr, "\r{} [{}{}] {:3d}% {:.2f}/{:.2f} GB {:.2f} GB/s{}", label_, std::string(fill, '#'),
-               std::string(kWidth - fill, '.'), percent, done / 1e9, total_ / 1e9, gbs, final ? "\n" : "");
+               std::string(kWidth - fill, '.'), percent, done / 1e9, total_ / 1e9, gbs,
+               final ? fmt::format(" in {:.2f} s\n", s) : "");
     std::fflush(stderr);
     return;
   }
   const int decile = percent / 10;
-  if (final && decile <= last_decile_ && done < total_) return;
   while (last_decile_ < decile) {
     ++last_decile_;
     fmt::print(stderr, "{}: {}% ({:.2f} of {:.2f} GB, {:.2f} GB/s)\n", label_, last_decile_ * 10,
                done / 1e9, total_ / 1e9, gbs);
   }
+  // The summary a user compares with `cat` of the files: bytes, time, rate.
+  if (final) fmt::print(stderr, "{}: done, {:.2f} GB in {:.2f} s ({:.2f} GB/s)\n", label_, done / 1e9, s, gbs);
 }
 
 }  // namespace moe

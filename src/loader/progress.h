@@ -1,6 +1,7 @@
 // Progress of a long load, on stderr: a redrawn bar when stderr is a terminal, else
-// one plain line per 10 % (logs and CI stay readable). Loads under `min_bytes` print
-// nothing. advance() is thread-safe; the bytes given are the bytes read so far.
+// one plain line per 10 % (logs and CI stay readable), and at finish() the bytes, the
+// elapsed time and the rate (GB/s). Loads under `min_bytes` print nothing. advance() is
+// thread-safe; the bytes given are the bytes read so far.
 #pragma once
 
 #include <chrono>

@@ -354,6 +354,8 @@ void load_smoothquant(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
     const Tensor ds = load_positive(ck, K.scale[2], ShardRule::replicated(), 0, 1, layer, what);
     pack_expert_q8(w.w13, le, concat_rows(gq, uq), concat_rows(gs, us));
     pack_expert_q8(w.w2, le, dq, ds);
+    for (int i = 0; i < 3; ++i)  // packed: the file's pages leave the process
+      release_sharded(ck, K.q[i], i < 2 ? Shape{I, H} : Shape{H, I}, ShardRule::expert_local(i < 2 ? 0 : 1), tr, ts);
     if (smooth2)
       smooth_down[le] =
           reciprocal(load_positive(ck, K.smooth[2], ShardRule::expert_local(0), tr, ts, layer, "smooth vector"));
@@ -403,6 +405,8 @@ void load_static(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, cons
     const Tensor dns = load_positive(ck, K.dn_ws, ShardRule::replicated(), 0, 1, layer, "weight_scale");
     pack_expert_q8(w.w13, le, transpose_i8(ug), absmax_to_step(ugs));
     pack_expert_q8(w.w2, le, transpose_i8(dn), absmax_to_step(dns));
+    release_sharded(ck, K.ug_w, {H, 2 * I}, ShardRule::expert_local(1, 2), tr, ts);  // packed: pages leave
+    release_sharded(ck, K.dn_w, {I, H}, ShardRule::expert_local(0), tr, ts);
     s2[le] = load_scalar(ck, K.dn_act, layer, act_what) / 127.0f;
     if (opt.progress) opt.progress->advance(ug.nbytes() + dn.nbytes());
   });

@@ -257,6 +257,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::shared_ptr<voi
   for (const Range& r : ranges) ordered.push_back(std::move(f->tensors_[r.idx]));
   f->tensors_ = std::move(ordered);
   for (size_t i = 0; i < f->tensors_.size(); ++i) f->index_.emplace(f->tensors_[i].name, i);
+  f->release(0, data_start);  // parsed: nothing reads the header's pages again
   return f;
 }
 
@@ -360,6 +361,45 @@ void SafetensorsFile::prefetch_elems(const std::string& name, int64_t elem_begin
   const uint64_t b = std::min<uint64_t>(static_cast<uint64_t>(elem_begin), total);
   const uint64_t e = std::min<uint64_t>(total, b + static_cast<uint64_t>(n));
   advise(info->offset + b * es, info->offset + e * es);
+}
+
+uint64_t SafetensorsFile::release(uint64_t begin, uint64_t end) {
+  end = std::min(end, file_size_);
+  if (end <= begin) return 0;
+  uint64_t added = end - begin, lo = begin, hi = end;
+  {
+    std::lock_guard<std::mutex> lock(released_mu_);
+    auto it = released_.upper_bound(begin);
+    if (it != released_.begin() && std::prev(it)->second >= begin) --it;
+    while (it != released_.end() && it->first <= hi) {
+      const uint64_t ov_lo = std::max(begin, it->first), ov_hi = std::min(end, it->second);
+      if (ov_hi > ov_lo) added -= std::min(added, ov_hi - ov_lo);
+      lo = std::min(lo, it->first);
+      hi = std::max(hi, it->second);
+      it = released_.erase(it);
+    }
+    released_.emplace(lo, hi);
+  }
+  // The pages [begin, end) touches that the merged [lo, hi) covers whole; the file's last
+  // page counts as whole once its bytes up to the end of the file are.
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t first = std::max(begin / page * page, (lo + page - 1) / page * page);
+  const uint64_t last = std::min((end + page - 1) / page * page,
+                                 hi >= file_size_ ? (file_size_ + page - 1) / page * page : hi / page * page);
+  // Advisory: the range lies inside the mapping, so this fails only for reasons that
+  // leave the pages mapped, which costs memory, not correctness.
+  if (last > first) ::madvise(static_cast<char*>(mapping_.get()) + first, last - first, MADV_DONTNEED);
+  return added;
+}
+
+void SafetensorsFile::release_elems(const std::string& name, int64_t elem_begin, int64_t n) {
+  const TensorInfo* info = find(name);
+  if (!info || elem_begin < 0 || n <= 0) return;
+  const uint64_t es = dtype_size(info->dtype), total = info->nbytes / es;
+  const uint64_t b = std::min<uint64_t>(static_cast<uint64_t>(elem_begin), total);
+  const uint64_t e = std::min<uint64_t>(total, b + static_cast<uint64_t>(n));
+  const uint64_t added = release(info->offset + b * es, info->offset + e * es);
+  bytes_released_.fetch_add(added, std::memory_order_relaxed);
 }
 
 Tensor SafetensorsFile::view(const std::string& name) {

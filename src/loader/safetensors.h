@@ -84,6 +84,16 @@ class SafetensorsFile {
   // in the background (madvise WILLNEED; not counted as touched). Out-of-range
   // requests are clipped; errors are ignored (advisory).
   void prefetch_elems(const std::string& name, int64_t elem_begin, int64_t n) const;
+  // Says the caller is done with elements [elem_begin, elem_begin + n) of `name` (e.g. a
+  // tensor just packed into the engine's own layout): the pages of the mapping that only
+  // released bytes share leave this process (madvise DONTNEED), so a rank holds each
+  // weight once, in its packed form, instead of also holding the file's pages. The page
+  // cache keeps them: a later view of the range refaults them from memory (never from
+  // disk while the cache holds them), with the same bytes, so releasing is always safe,
+  // only slower if the range is read again. A page shared with a neighbour is released
+  // once both sides are (and the header's pages at open, the file's tail as it ends).
+  // Out-of-range requests are clipped; bytes_touched() is not changed. Thread-safe.
+  void release_elems(const std::string& name, int64_t elem_begin, int64_t n);
 
   const std::string& path() const { return path_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -92,6 +102,8 @@ class SafetensorsFile {
   uint64_t data_start() const { return 8 + header_bytes_; }
   // Distinct bytes handed out by view() and view_elems() (overlaps counted once). Thread-safe.
   uint64_t bytes_touched() const { return bytes_touched_.load(std::memory_order_relaxed); }
+  // Distinct bytes of tensor data released by release_elems (overlaps counted once).
+  uint64_t bytes_released() const { return bytes_released_.load(std::memory_order_relaxed); }
 
  private:
   SafetensorsFile() = default;
@@ -109,6 +121,9 @@ class SafetensorsFile {
   // The same for `count` pieces of `piece` bytes, `stride` bytes apart, from `begin`.
   void touch_strided(uint64_t begin, uint64_t piece, uint64_t stride, uint64_t count);
   void advise(uint64_t begin, uint64_t end) const;
+  // Adds [begin, end) (absolute offsets) to released_ and drops the mapping's pages that
+  // released bytes now cover whole; returns the bytes not released before.
+  uint64_t release(uint64_t begin, uint64_t end);
 
   // A strided touch kept as one record rather than one range per piece: a MoE-TP
   // rank's slices of down_proj would otherwise cost a map node per row of every expert.
@@ -128,6 +143,10 @@ class SafetensorsFile {
   // from touched_, so the bytes counted are always the union of everything viewed.
   std::map<uint64_t, Strided> strided_;
   std::atomic<uint64_t> bytes_touched_{0};
+
+  std::mutex released_mu_;
+  std::map<uint64_t, uint64_t> released_;  // disjoint, non-adjacent [begin, end) ranges, header included
+  std::atomic<uint64_t> bytes_released_{0};
 };
 
 // Writes the standard format: header padded with spaces to a multiple of 8, data in

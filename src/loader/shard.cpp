@@ -204,6 +204,19 @@ void prefetch_sharded(const Checkpoint& ck, const TensorRead& r) {
   prefetch_sharded(ck, r.key, r.shape, r.rule, r.rank, r.size);
 }
 
+void release_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
+                     int rank, int size) {
+  if (!ck.has(key)) return;
+  const TensorInfo& info = ck.info(key);
+  if (info.shape != full_shape) return;
+  for (const ShardRun& r : plan_shard(key, full_shape, rule, rank, size).runs)
+    ck.release_elems(key, r.begin, (r.count - 1) * r.stride + r.len);
+}
+
+void release_sharded(const Checkpoint& ck, const TensorRead& r) {
+  release_sharded(ck, r.key, r.shape, r.rule, r.rank, r.size);
+}
+
 Tensor load_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
                     int rank, int size, std::optional<DType> out) {
   MOE_CHECK(ck.has(key), "tensor '{}' missing from checkpoint {} (expected shape {})", key, ck.dir(),
@@ -218,11 +231,15 @@ Tensor load_sharded(const Checkpoint& ck, const std::string& key, const Shape& f
   MOE_CHECK(src == dst || (is_float(src) && is_float(dst)), "tensor '{}' in {} has dtype {}, expected f32, bf16 or f16",
             key, ck.file_of(key), dtype_name(src));
   // An explicit `out` always gives an owned copy; otherwise views stay views.
-  auto convert = [&](Tensor t) { return out ? t.to(dst) : t; };
+  auto release = [&] { release_sharded(ck, key, full_shape, rule, rank, size); };
   if (p.zero_fill) return Tensor::zeros(p.out_shape, dst);
   if (p.contiguous_out) {
     if (p.runs.empty()) return Tensor::zeros(p.out_shape, dst);
-    return convert(ck.view_elems(key, p.runs[0].begin, p.out_shape));
+    Tensor t = ck.view_elems(key, p.runs[0].begin, p.out_shape);
+    if (!out) return t;
+    t = t.to(dst);
+    release();
+    return t;
   }
   // Strided: copy the pieces, run by run, into one buffer (already an owned copy).
   Tensor buf = Tensor::empty(p.out_shape, src);
@@ -231,6 +248,7 @@ Tensor load_sharded(const Checkpoint& ck, const std::string& key, const Shape& f
     ck.copy_strided(key, r.begin, r.len, r.stride, r.count, dstp);
     dstp += static_cast<size_t>(r.len * r.count) * dtype_size(src);
   }
+  release();
   return dst == src ? buf : buf.to(dst);
 }
 

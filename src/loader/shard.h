@@ -131,6 +131,17 @@ void prefetch_sharded(const Checkpoint& ck, const std::string& key, const Shape&
                       int rank, int size);
 void prefetch_sharded(const Checkpoint& ck, const TensorRead& r);
 
+// Done with what load_sharded(same arguments) reads: the pages of the mapping holding
+// only those bytes leave this process (Checkpoint::release_elems; the page cache keeps
+// them). Call it once the slice is packed (or copied) into the engine's own memory, so a
+// rank does not hold a weight twice; a view of the slice still works afterwards (its
+// pages refault from the page cache). A strided run is released as its whole span: the
+// other ranks' pieces between this rank's were never needed here. A missing or
+// mis-shaped tensor is skipped.
+void release_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
+                     int rank, int size);
+void release_sharded(const Checkpoint& ck, const TensorRead& r);
+
 // This rank's slice of `key`, whose checkpoint shape must be `full_shape` (else an
 // error naming the key, the file and both shapes). The result is contiguous, in the
 // checkpoint dtype, or an owned copy converted to `out` (float types; any dtype when
@@ -138,6 +149,8 @@ void prefetch_sharded(const Checkpoint& ck, const TensorRead& r);
 // is a zero-copy read-only view of the mapping (clone() it to own or modify it);
 // otherwise an owned copy. Only the slice's bytes are touched (Checkpoint::bytes_touched),
 // strided slices included: they are copied piece by piece (Checkpoint::copy_strided).
+// An owned result (a strided slice, or any slice converted to `out`) releases its source
+// pages at once (release_sharded); a view keeps them until the caller releases them.
 Tensor load_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,
                     int rank, int size, std::optional<DType> out = std::nullopt);
 Tensor load_sharded(const Checkpoint& ck, const TensorRead& r, std::optional<DType> out = std::nullopt);

@@ -44,18 +44,24 @@ Linear make_linear(const Tensor& w, DType compute, const Tensor& bias) {
 
 Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute) {
   const Tensor bias = r.bias ? load_f32(ck, *r.bias) : Tensor();
+  Linear l;
   if (compute == DType::BF16 && is_fp8_weight(ck, r.weight.key)) {
     // Block-scaled FP8 stays e4m3 in memory; the GEMM dequantises it panel by panel.
     const Fp8Slice s = load_fp8_slice(ck, r.weight);
     MOE_CHECK(s.codes.ndim() == 2, "fp8 weight '{}': a linear layer's weight must be a matrix, got {}", r.weight.key,
               s.codes.describe());
-    Linear l;
     l.w = make_packed_fp8(1, s.rows(), s.cols(), /*gated=*/false, s.block_k);
     pack_fp8(l.w, 0, s);
     l.bias = bias;
-    return l;
+  } else if (is_fp8_weight(ck, r.weight.key)) {
+    l = make_linear(load_f32(ck, r.weight), compute, bias);  // dequantised exactly
+  } else {
+    // Packed from the checkpoint's dtype (a view of the mapping, or this rank's strided
+    // slice), not from an f32 copy: no transient 2x (bf16) copy of e.g. a [V, H] lm_head.
+    l = make_linear(load_sharded(ck, r.weight), compute, bias);
   }
-  return make_linear(load_f32(ck, r.weight), compute, bias);
+  release_sharded(ck, r.weight);  // packed: the file's pages leave the process
+  return l;
 }
 
 void linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s, int64_t ldx,

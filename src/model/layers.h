@@ -72,8 +72,9 @@ struct Linear {
 
 // bf16 compute keeps an FP8 block-scaled weight as e4m3; f32 compute dequantises it.
 Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute);
-// Packs an f32 [out, in] matrix (tests, tied lm_head).
-Linear make_linear(const Tensor& w_f32, DType compute, const Tensor& bias = {});
+// Packs an [out, in] matrix of f32, bf16 or f16 (any row stride: e.g. a view of the
+// checkpoint; tests, tied lm_head).
+Linear make_linear(const Tensor& w, DType compute, const Tensor& bias = {});
 
 // Grows-only scratch for the bf16 copy (or the Q8 rows) of a projection's input. Not thread-safe.
 struct LinearScratch {

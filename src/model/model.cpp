@@ -7,11 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "core/check.h"
 #include "loader/checkpoint.h"
 #include "loader/fp8_weights.h"
 #include "loader/moe_weights.h"
+#include "loader/progress.h"
+#include "loader/shard.h"
 #include "model/registry.h"
 #include "model/weights.h"
 #include "moe/placement.h"
@@ -40,6 +43,45 @@ void read_generation_config(const std::string& dir, ModelConfig& c) {
   if (it->is_array())
     for (const auto& v : *it)
       if (v.is_number_integer()) c.eos_token_ids.push_back(v.get<int64_t>());
+}
+
+// The bytes this rank reads, for the progress line of the load: per decoder layer l,
+// its attention and norms (`layer[l]`, from model_reads) and the non-expert part of its
+// MLP block (`mlp[l]`: router, shared experts, a dense MLP; the experts' bytes are
+// counted by load_moe_layer as it packs them), plus `outside` (embeddings, final norm,
+// lm_head). `total` adds this rank's share of the experts: exact on one rank, the
+// fraction of its experts under EP (a placement's runs may read a router twice).
+struct LoadBytes {
+  uint64_t outside = 0, total = 0;
+  std::vector<uint64_t> layer, mlp;
+};
+
+LoadBytes load_bytes(const Checkpoint& ck, const ModelConfig& c, int tp_rank, int tp, const MlpLoadOptions& lo,
+                     const std::function<double(int64_t)>& expert_share, bool experts_from_ck) {
+  LoadBytes b;
+  b.layer.assign(c.n_layers, 0);
+  b.mlp.assign(c.n_layers, 0);
+  for (const TensorRead& r : model_reads(c, tp_rank, tp)) {
+    const uint64_t n = read_bytes(ck, r);
+    (r.layer >= 0 && r.layer < c.n_layers ? b.layer[r.layer] : b.outside) += n;
+    b.total += n;
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    uint64_t experts = 0;
+    double share = 0;
+    try {
+      for (const LayerRead& r : mlp_layer_reads(ck, c.moe, l, lo)) {
+        const bool expert = r.expert >= 0 || r.role == LayerRead::FusedGateUp || r.role == LayerRead::FusedDown;
+        (expert ? experts : b.mlp[l]) += read_bytes(ck, r.tensor_read());
+      }
+      share = experts_from_ck && c.moe.is_moe_layer(l) ? expert_share(l) : 0.0;
+    } catch (const Error&) {
+      b.mlp[l] = 0;
+      continue;  // only an estimate: the layer's own load reports what is wrong
+    }
+    b.total += b.mlp[l] + static_cast<uint64_t>(static_cast<double>(experts) * share);
+  }
+  return b;
 }
 
 }  // namespace
@@ -89,6 +131,31 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
               tp, c.n_heads, c.n_kv_heads);
   }
 
+  const FamilyHooks& fam = find_family(c.model_type);
+  const EplbOptions& eo = opt.eplb;
+  const PlacementSource placements(eo, c.moe.n_experts, multi ? opt.par.ep : 1, multi ? tp : 1,
+                                   static_cast<int>(c.moe.routing.n_group), opt.world);
+  for (const int64_t l : placements.file_layers())
+    MOE_CHECK(l < c.n_layers && c.moe.is_moe_layer(l),
+              "placement file '{}' places experts of layer {}, which is not a MoE layer of this model",
+              eo.placement_file, l);
+
+  // A progress line with GB/s (on rank 0; loads under 256 MB print nothing).
+  MlpLoadOptions lo0;
+  lo0.tp_rank = tp_rank;
+  lo0.tp_size = tp;
+  const LoadBytes lb = load_bytes(
+      ck, c, tp_rank, tp, lo0,
+      [&](int64_t l) {
+        return multi ? static_cast<double>(placements.layer(l).rank_experts(m->groups_->ep_rank()).size()) /
+                           static_cast<double>(std::max<int64_t>(1, c.moe.n_experts))
+                     : 1.0;
+      },
+      !opt.moe_weights);
+  Progress progress(multi ? fmt::format("moe-ep: loading {} (rank 0 of {})", dir, opt.world->size())
+                          : fmt::format("moe-ep: loading {}", dir),
+                    lb.total, !multi || opt.world->rank() == 0);
+
   // The weights outside the MLP blocks, as model/weights.h describes them.
   // A view of the mapping (rows are converted per token); FP8 (no release quantises it,
   // but a checkpoint may): dequantised at load.
@@ -98,17 +165,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   if (const auto lm = lm_head_read(c))
     m->lm_head_ = load_linear(ck, *lm, linear_dt);
   else  // tie_word_embeddings
-    m->lm_head_ = make_linear(m->embed_.to(DType::F32), linear_dt);
+    m->lm_head_ = make_linear(m->embed_, linear_dt);  // packed from the view: no f32 copy of [V, H]
   m->rope_ = Rope(c.rope);
+  progress.advance(lb.outside);
 
-  const FamilyHooks& fam = find_family(c.model_type);
-  const EplbOptions& eo = opt.eplb;
-  const PlacementSource placements(eo, c.moe.n_experts, multi ? opt.par.ep : 1, multi ? tp : 1,
-                                   static_cast<int>(c.moe.routing.n_group), opt.world);
-  for (const int64_t l : placements.file_layers())
-    MOE_CHECK(l < c.n_layers && c.moe.is_moe_layer(l),
-              "placement file '{}' places experts of layer {}, which is not a MoE layer of this model",
-              eo.placement_file, l);
   m->one_rank_placement_ = Placement::contiguous(c.moe.n_experts, 1, 1);
   m->layers_.resize(c.n_layers);
   m->expert_load_.assign(c.n_layers, {});
@@ -121,8 +181,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
       L.mla = std::make_unique<MlaAttention>(ck, c, ak, linear_dt, tp_rank, tp);
     else
       L.gqa = std::make_unique<GqaAttention>(ck, c, ak, linear_dt, tp_rank, tp);
+    progress.advance(lb.layer[l]);
     if (!c.moe.is_moe_layer(l)) {
       L.dense = load_dense_mlp(ck, c.moe, l, opt.dtype);
+      progress.advance(lb.mlp[l]);
       continue;
     }
     m->expert_load_[l].assign(c.moe.n_experts, 0);
@@ -131,6 +193,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     lo.quantize_w8a8 = opt.quantize_w8a8;
     lo.quantize_w4a8 = opt.quantize_w4a8;
     lo.int4_group = opt.int4_group;
+    lo.progress = &progress;  // advanced by each expert packed
     auto weights = [&] { return opt.moe_weights ? opt.moe_weights(l, lo) : load_moe_layer(ck, c.moe, l, lo); };
     if (!multi) {
       L.moe = std::make_unique<MoeLayer>(c.moe, weights());
@@ -145,7 +208,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
       });
       L.ep_moe = std::make_unique<EpMoeLayer>(MoeLayer(c.moe, std::move(w)), *opt.world, std::move(placement), opt.ep);
     }
+    progress.advance(lb.mlp[l]);
   }
+  progress.finish();
   if (eo.interval > 0) {
     m->opt_.count_experts = true;
     std::vector<EpMoeLayer*> eps;
