@@ -106,6 +106,7 @@ GatedMlpWeights load_gated(const Checkpoint& ck, const LayerRead& g, const Layer
     w.w2 = make_packed_fp8(1, H, I, /*gated=*/false, ds.block_k);
     pack_fp8_gated(w.w13, 0, gs, us);
     pack_fp8(w.w2, 0, ds);
+    for (const LayerRead* r : {&g, &u, &d}) release_sharded(ck, r->tensor_read());  // packed: held once
     return w;
   }
   w.w13 = make_packed_experts(1, 2 * I, H, compute, /*gated=*/true);
@@ -401,6 +402,7 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
         pack_fp8(w.w2, e, dn, e);
         if (opt.progress) opt.progress->advance(per_expert);
       });
+    for (const LayerRead* r : {fused_gu, fused_dn}) release_sharded(ck, r->tensor_read());  // packed: held once
   } else if (fused_gu) {
     // Stacked layout: this rank's experts' rows only (and its I slice of each block).
     const Tensor gu = load_read(ck, *fused_gu);  // [E_l, 2 Il, H]
@@ -428,6 +430,7 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
                          d = load_fp8_slice(ck, down[e]->tensor_read());
           pack_fp8_gated(w.w13, e, g, u);
           pack_fp8(w.w2, e, d);
+          for (const LayerRead* r : {gate[e], up[e], down[e]}) release_sharded(ck, r->tensor_read());
           if (opt.progress)
             opt.progress->advance(read_bytes(ck, gate[e]->tensor_read()) + read_bytes(ck, up[e]->tensor_read()) +
                                   read_bytes(ck, down[e]->tensor_read()));
