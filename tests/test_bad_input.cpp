@@ -11,6 +11,7 @@
 #include "loader/moe_weights.h"
 #include "loader/safetensors.h"
 #include "moe/config.h"
+#include "test_mutate.h"
 #include "test_util.h"
 
 namespace moe {
@@ -18,22 +19,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using Tensors = std::vector<std::pair<std::string, Tensor>>;
-
-// Copies the single-file fixture `name` into dst, letting the caller edit tensors and config.
-void mutate_fixture(const std::string& name, const std::string& dst, const std::function<void(Tensors&)>& edit_tensors,
-                    const std::function<void(json&)>& edit_config = {}) {
-  const std::string src = test::fixtures_dir() + "/" + name;
-  auto file = SafetensorsFile::open(src + "/model.safetensors");
-  Tensors ts;
-  for (const TensorInfo& info : file->tensors()) ts.emplace_back(info.name, file->view(info.name).clone());
-  if (edit_tensors) edit_tensors(ts);
-  write_safetensors(dst + "/model.safetensors", ts);
-  std::ifstream in(src + "/config.json");
-  json cfg = json::parse(in);
-  if (edit_config) edit_config(cfg);
-  std::ofstream(dst + "/config.json") << cfg.dump(2);
-}
+using test::mutate_fixture;
+using test::Tensors;
 
 std::string cli_layer(const std::string& model, int layer, const std::string& input, int* rc) {
   test::TempDir out;

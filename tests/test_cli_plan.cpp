@@ -67,6 +67,15 @@ TEST_F(CliPlan, BytesAreParameterCountsTimesDtypeSize) {
   EXPECT_EQ(j3["per_node"]["routed experts (this node's)"]["bytes"], 2 * 3 * 3 * 16 * 4 * 2);
 }
 
+TEST_F(CliPlan, KvCacheDtypeSetsTheKvBytes) {
+  // 2 layers x (K + V) x 1 head x 8 values, at 2 bytes (bf16) or 4 (f32, the default).
+  const auto j = plan(tmp.path(), base + " --kv-cache-dtype bf16");
+  EXPECT_EQ(j["kv_cache_dtype"], "bf16");
+  EXPECT_EQ(j["kv_bytes_per_token"], 2 * 2 * 1 * 8 * 2);
+  EXPECT_EQ(j["kv_bytes_needed"], 2 * 2 * 1 * 8 * 2 * 10);  // --context 10, --batch 1
+  EXPECT_EQ(plan(tmp.path(), base)["kv_cache_dtype"], "f32");
+}
+
 TEST_F(CliPlan, QuantisedExpertsCountTheirScales) {
   // w8a8: int8 weights + an f32 scale per output channel: gate/up 64 + 4*4, down 64 + 16*4.
   auto j = plan(tmp.path(), base + " --quantize w8a8");

@@ -58,25 +58,10 @@ TEST_P(ModelGolden, GreedyTokensMatchTransformers) {
 TEST_P(ModelGolden, Bf16LogitsWithinBound) {
   const ModelFixture& f = GetParam();
   auto m = test::load_model(f.dir, DType::BF16);
-  const Tensor got = prefill_logits(*m, f.prompts);
-  const int64_t S = got.dim(1), V = got.dim(2);
-  double scale = 0;
-  for (int64_t i = 0; i < f.logits.numel(); ++i) scale = std::max(scale, (double)std::fabs(f.logits.data<float>()[i]));
-  int outliers = 0;
-  double worst = 0, worst_in = 0;
-  for (size_t i = 0; i < f.prompts.size(); ++i)
-    for (size_t s = 0; s < f.prompts[i].size(); ++s) {
-      double d = 0;
-      for (int64_t v = 0; v < V; ++v)
-        d = std::max(d, (double)std::fabs(got.data<float>()[(i * S + s) * V + v] -
-                                          f.logits.data<float>()[(i * S + s) * V + v]));
-      worst = std::max(worst, d);
-      if (d > 0.02 * scale) ++outliers;
-      else worst_in = std::max(worst_in, d);
-    }
+  const test::Bf16Rows r = test::bf16_rows(prefill_logits(*m, f.prompts), f.logits, f.prompts);
   std::printf("[ model ] %-16s bf16 max |logit - fp32 golden| = %.3g (%.2f%% of max |logit| %.3g); %d outlier rows\n",
-              f.name.c_str(), worst, 100 * worst_in / scale, scale, outliers);
-  EXPECT_LE(outliers, 1);
+              f.name.c_str(), r.worst, 100 * r.worst_in / r.scale, r.scale, r.outliers);
+  EXPECT_LE(r.outliers, 1);
 }
 
 // Each decode step's logits equal a fresh prefill of prompt + tokens so far.

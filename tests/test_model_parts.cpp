@@ -119,7 +119,7 @@ std::string ids_arg(const std::vector<std::vector<int32_t>>& prompts) {
 
 TEST(ModelCli, ForwardWritesGoldenLogits) {
   for (const auto& f : test::model_fixtures()) {
-    if (f.name != "ernie4_5_moe" && f.name != "deepseek_v2") continue;
+    if (f.name != "ernie4_5_moe" && f.name != "deepseek_v2" && f.name != "deepseek_v3_fp8") continue;
     test::TempDir tmp;
     std::string out;
     const int rc = test::run_command(std::string(MOE_EP_BINARY) + " forward --model " + f.dir + " --prompt-ids \"" +
@@ -137,7 +137,7 @@ TEST(ModelCli, ForwardWritesGoldenLogits) {
 
 TEST(ModelCli, GenerateMatchesGreedyAndWritesJson) {
   for (const auto& f : test::model_fixtures()) {
-    if (f.name != "mixtral") continue;
+    if (f.name != "mixtral" && f.name != "qwen3_moe_fp8") continue;
     test::TempDir tmp;
     std::string out;
     const int rc = test::run_command(std::string(MOE_EP_BINARY) + " generate --model " + f.dir + " --prompt-ids \"" +

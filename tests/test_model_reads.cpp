@@ -27,8 +27,19 @@ std::vector<std::string> fixture_dirs() {
   return out;
 }
 
+// Bytes of the block scales an FP8 weight's read brings along (loader/shard.h
+// fp8_scale_read: the whole scale tensor, or a stacked tensor's rows of its experts);
+// 0 for a float tensor.
+uint64_t scale_bytes(const Checkpoint& ck, const TensorRead& r) {
+  const std::string skey = r.key + "_scale_inv";
+  if (ck.info(r.key).dtype != DType::F8E4M3 || !ck.has(skey)) return 0;
+  const TensorInfo& si = ck.info(skey);
+  return plan_shard(fp8_scale_read(r, si.shape)).bytes_read(dtype_size(si.dtype));
+}
+
 // The model's reads plus every layer's MLP reads (all experts) cover each key of a
-// clean fixture exactly once, and the checker finds nothing wrong.
+// clean fixture exactly once (an FP8 weight's read covers its "_scale_inv" too), and
+// the checker finds nothing wrong.
 TEST(ModelReads, ListEveryFixtureKeyExactlyOnce) {
   for (const std::string& dir : fixture_dirs()) {
     SCOPED_TRACE(dir);
@@ -36,13 +47,17 @@ TEST(ModelReads, ListEveryFixtureKeyExactlyOnce) {
     const ModelConfig c = model_config_from_hf(ck.config());
     const std::vector<TensorRead> non_mlp = model_reads(c, 0, 1);
     std::multiset<std::string> listed;
-    for (const TensorRead& r : non_mlp) {
+    auto list = [&](const TensorRead& r) {
       listed.insert(r.key);
+      if (scale_bytes(ck, r) > 0) listed.insert(r.key + "_scale_inv");
+    };
+    for (const TensorRead& r : non_mlp) {
+      list(r);
       ASSERT_TRUE(ck.has(r.key)) << r.key;
       EXPECT_EQ(ck.info(r.key).shape, r.shape) << r.key;
     }
     for (int64_t l = 0; l < c.n_layers; ++l)
-      for (const LayerRead& r : mlp_layer_reads(ck, c.moe, l, {})) listed.insert(r.key);
+      for (const LayerRead& r : mlp_layer_reads(ck, c.moe, l, {})) list(r.tensor_read());
     const std::vector<std::string> keys = ck.keys();
     EXPECT_EQ(listed, std::multiset<std::string>(keys.begin(), keys.end()));
     const auto problems = check_checkpoint(ck, c.moe, non_mlp);
@@ -52,7 +67,8 @@ TEST(ModelReads, ListEveryFixtureKeyExactlyOnce) {
 
 // Under --tp 2 each rank reads half of every column-/row-parallel attention tensor and
 // the whole of the replicated ones (norms, MLA's kv_a); the row-parallel bias only on
-// rank 0. Building the attention module reads exactly the listed bytes, nothing else.
+// rank 0; an FP8 weight's block scales whole on both. Building the attention module
+// reads exactly the listed bytes, nothing else.
 TEST(ModelReads, TpRankReadsOnlyItsSliceOfTheAttention) {
   for (const std::string& dir : fixture_dirs()) {
     SCOPED_TRACE(dir);
@@ -65,8 +81,9 @@ TEST(ModelReads, TpRankReadsOnlyItsSliceOfTheAttention) {
       const AttentionReads rd = attention_reads(c, keys, r, 2);
       uint64_t listed = 0;
       for (const TensorRead& t : rd.all()) {
-        const uint64_t full = info_ck.info(t.key).nbytes, got = read_bytes(info_ck, t);
-        listed += got;
+        const uint64_t full = info_ck.info(t.key).nbytes, all = read_bytes(info_ck, t);
+        const uint64_t got = all - scale_bytes(info_ck, t);  // the codes' (or floats') share
+        listed += all;
         summed[t.key] += got;
         switch (t.rule.kind) {
           case ShardKind::Replicated: EXPECT_EQ(got, full) << t.key; break;
@@ -89,9 +106,27 @@ TEST(ModelReads, TpRankReadsOnlyItsSliceOfTheAttention) {
   }
 }
 
+// The block scales of EP rank `ep_rank`'s experts (FP8 fixtures; else 0): both ranks of
+// a MoE-TP pair read them whole, next to their half of the codes.
+uint64_t expert_scale_bytes(const std::string& dir, int ep_rank, int ep) {
+  const Checkpoint ck = Checkpoint::open(dir);
+  const ModelConfig c = model_config_from_hf(ck.config());
+  MlpLoadOptions opt;
+  opt.expert_begin = ep_rank * c.moe.n_experts / ep;
+  opt.expert_end = (ep_rank + 1) * c.moe.n_experts / ep;
+  uint64_t n = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    for (const LayerRead& r : mlp_layer_reads(ck, c.moe, l, opt))
+      if (r.role == LayerRead::ExpertGate || r.role == LayerRead::ExpertUp || r.role == LayerRead::ExpertDown ||
+          r.role == LayerRead::FusedGateUp || r.role == LayerRead::FusedDown)
+        n += scale_bytes(ck, r.tensor_read());
+  return n;
+}
+
 // `inspect --load --all-ranks` loads each rank's share as the model does: the bytes it
 // reads equal the plan on every rank, for EP, TP and both; a TP pair of ranks splits its
-// EP rank's expert bytes exactly in two (MoE-TP reads only the I slice of each expert).
+// EP rank's expert bytes exactly in two (MoE-TP reads only the I slice of each expert;
+// FP8 block scales, a few bytes per block, both read whole).
 TEST(ModelReads, InspectPlanIsWhatEachRankReads) {
   for (const std::string& dir : fixture_dirs()) {
     SCOPED_TRACE(dir);
@@ -117,7 +152,7 @@ TEST(ModelReads, InspectPlanIsWhatEachRankReads) {
       const auto& two = runs[{ep, 2}]["ranks"];
       for (int e = 0; e < ep; ++e)
         EXPECT_EQ(two[2 * e]["expert_bytes"].get<uint64_t>() + two[2 * e + 1]["expert_bytes"].get<uint64_t>(),
-                  one[e]["expert_bytes"].get<uint64_t>());
+                  one[e]["expert_bytes"].get<uint64_t>() + expert_scale_bytes(dir, e, ep));
       // TP halves the sliced attention: a TP rank reads less outside the experts.
       EXPECT_LT(two[0]["non_expert_bytes"].get<uint64_t>(), one[0]["non_expert_bytes"].get<uint64_t>());
     }

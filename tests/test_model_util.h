@@ -66,6 +66,30 @@ inline double max_logit_diff(const Tensor& a, const Tensor& b, const std::vector
   return m;
 }
 
+// bf16 logits against the fp32 golden: rows (prompt, position) whose max |difference|
+// exceeds `frac` of the golden's largest |logit|, and the worst difference of the others.
+struct Bf16Rows {
+  int outliers = 0;
+  double worst = 0, worst_in = 0, scale = 0;
+};
+inline Bf16Rows bf16_rows(const Tensor& got, const Tensor& golden, const std::vector<std::vector<int32_t>>& prompts,
+                          double frac = 0.02) {
+  Bf16Rows r;
+  const int64_t S = got.dim(1), V = got.dim(2), Sg = golden.dim(1);
+  for (int64_t i = 0; i < golden.numel(); ++i) r.scale = std::max(r.scale, (double)std::fabs(golden.data<float>()[i]));
+  for (size_t i = 0; i < prompts.size(); ++i)
+    for (size_t s = 0; s < prompts[i].size(); ++s) {
+      double d = 0;
+      for (int64_t v = 0; v < V; ++v)
+        d = std::max(d, (double)std::fabs(got.data<float>()[(i * S + s) * V + v] -
+                                          golden.data<float>()[(i * Sg + s) * V + v]));
+      r.worst = std::max(r.worst, d);
+      if (d > frac * r.scale) ++r.outliers;
+      else r.worst_in = std::max(r.worst_in, d);
+    }
+  return r;
+}
+
 inline std::unique_ptr<Model> load_model(const std::string& dir, DType dt = DType::F32, int64_t n_slots = 3,
                                          int64_t max_seq = 32) {
   ModelOptions o;

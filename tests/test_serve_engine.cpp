@@ -10,6 +10,7 @@
 
 #include <thread>
 
+#include "runtime/generate.h"
 #include "serve/engine/model_engine.h"
 #include "test_model_util.h"
 
@@ -44,8 +45,10 @@ struct Served {
   IdTokenizer tok;
   std::unique_ptr<serve::ModelEngine> engine;
   std::thread loop;
-  Served(const std::string& dir, serve::EngineOptions eo, int64_t kv_blocks, int64_t block_size = 4) {
+  Served(const std::string& dir, serve::EngineOptions eo, int64_t kv_blocks, int64_t block_size = 4,
+         DType kv_dtype = DType::F32) {
     ModelOptions o;
+    o.kv_cache_dtype = kv_dtype;
     o.n_slots = eo.max_num_seqs;
     o.max_seq = 48;
     o.paged_kv = true;
@@ -55,7 +58,7 @@ struct Served {
     // The pool is sized by bytes; ask for exactly kv_blocks blocks.
     const KvCacheShape& ks = model->cache().shape();
     if (kv_blocks > 0) {
-      o.kv_cache_bytes = KvCacheShape::bytes_per_block(ks.n_layers, ks.block_size, ks.a_dim, ks.b_dim) * kv_blocks;
+      o.kv_cache_bytes = KvCacheShape::bytes_per_block(ks.n_layers, ks.block_size, ks.a_dim, ks.b_dim, ks.dtype) * kv_blocks;
       model = Model::load(dir, o);
     }
     engine = std::make_unique<serve::ModelEngine>(*model, tok, nullptr, eo);
@@ -144,7 +147,47 @@ TEST_P(ServeEngine, ManyConcurrentRequestsEachEqualTheirGolden) {
   EXPECT_NE(m.find("moe_ep_requests_running 0\n"), std::string::npos) << m;
 }
 
+// With a bf16 KV cache (--kv-cache-dtype bf16): blocks scattered over a pool too small
+// for all requests at once, prompts prefilled in chunks beside other requests' decode
+// steps, and every request still gives the tokens of a plain (dense-cache, one-batch)
+// generate() with the bf16 cache: the paged engine reads the same rounded K/V.
+class ServeEngineKvBf16 : public ::testing::TestWithParam<ModelFixture> {};
+
+TEST_P(ServeEngineKvBf16, PagedRequestsEqualGenerateWithTheBf16Cache) {
+  const ModelFixture& f = GetParam();
+  ModelOptions mo;
+  mo.n_slots = 3;
+  mo.max_seq = 32;
+  mo.kv_cache_dtype = DType::BF16;
+  GenerateOptions go;
+  go.max_new_tokens = 16;
+  go.ignore_eos = true;
+  const GenerateResult want = generate(*Model::load(f.dir, mo), f.prompts, go);
+  serve::EngineOptions eo;
+  eo.max_num_seqs = 6;
+  eo.max_batch_tokens = 7;
+  Served s(f.dir, eo, 40, 4, DType::BF16);
+  ASSERT_EQ(s.model->cache().dtype(), DType::BF16);
+  s.start();
+  std::vector<std::shared_ptr<serve::Stream>> streams;
+  std::vector<std::pair<size_t, int64_t>> what;
+  for (int i = 0; i < 18; ++i) {
+    const size_t p = i % f.prompts.size();
+    const int64_t n = 1 + (i * 7) % 16;
+    streams.push_back(s.engine->submit(greedy(f.prompts[p], n)));
+    what.emplace_back(p, n);
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    Result r = drain(*streams[i]);
+    EXPECT_EQ(r.finish, serve::Finish::length) << "request " << i;
+    EXPECT_EQ(r.ids, prefix(want.tokens[what[i].first], what[i].second)) << "request " << i;
+  }
+  std::this_thread::sleep_for(100ms);
+  EXPECT_NE(s.engine->metrics().find("moe_ep_kv_cache_blocks_used 0\n"), std::string::npos);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, ServeEngine, ::testing::ValuesIn(test::model_fixtures()), fixture_name);
+INSTANTIATE_TEST_SUITE_P(Fixtures, ServeEngineKvBf16, ::testing::ValuesIn(test::model_fixtures()), fixture_name);
 
 ModelFixture qwen3() {
   for (auto& f : test::model_fixtures())

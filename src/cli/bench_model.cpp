@@ -36,6 +36,7 @@
 
 #include "core/atomic_file.h"
 #include "cli/bench_common.h"
+#include "cli/model_opts.h"
 #include "cli/parallel_opts.h"
 #include "cli/verbs.h"
 #include "comm/consistency.h"
@@ -74,6 +75,7 @@ struct BenchModelOptions {
   int64_t vocab = 32000;
   std::string dtype = "bf16";
   std::string quantize = "none";  // "w8a8": routed experts W8A8 int8 (ModelOptions::quantize_w8a8)
+  std::string kv_cache_dtype = "f32";  // ModelOptions::kv_cache_dtype
   int64_t prefill = 512;
   std::vector<int64_t> decode_batch = {1, 16};
   int64_t decode_context = 128;
@@ -248,7 +250,7 @@ struct RankBytes {
   double attn_per_layer = 0;    // q, k, v, o weights + norms
   double gate_per_layer = 0;    // router (f32)
   double expert_bytes = 0;      // one routed expert (W13 + W2) on this rank
-  double kv_per_pos_layer = 0;  // K + V of one position (f32 cache)
+  double kv_per_pos_layer = 0;  // K + V of one position (at the cache's dtype)
   double head = 0;              // lm_head + final norm
   double embed_row = 0;
   int64_t e_begin = 0, e_end = 0;
@@ -342,8 +344,9 @@ int run_bench_model(const BenchModelOptions& o) {
   const int R = world.size(), rank = world.rank();
   const bool root = rank == 0;
   if (R > 1)
-    check_same_on_all_ranks(world, {{"flags", fmt::format("{} {} {} {} {} {} {} {} {} {} {}", o.shape, o.layers,
-                                                          o.vocab, o.dtype, o.quantize, o.prefill,
+    check_same_on_all_ranks(world, {{"flags", fmt::format("{} {} {} {} {} {} {} {} {} {} {} {}", o.shape,
+                                                          o.layers, o.vocab, o.dtype, o.quantize, o.kv_cache_dtype,
+                                                          o.prefill,
                                                           fmt::join(o.decode_batch, ","), o.decode_context,
                                                           o.decode_steps, o.repeats, o.parallel.flags_string())}});
   const DType dtype = parse_dtype(o.dtype);
@@ -381,6 +384,7 @@ int run_bench_model(const BenchModelOptions& o) {
   ModelOptions mo;
   mo.dtype = dtype;
   mo.quantize_w8a8 = w8a8;
+  mo.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
   mo.n_slots = std::max<int64_t>(max_b, 6);
   mo.max_seq = std::max<int64_t>({o.prefill, o.decode_context + o.decode_steps + 2, 16});
   mo.world = &world;
@@ -412,7 +416,7 @@ int run_bench_model(const BenchModelOptions& o) {
   // W8A8: 1-byte weights plus an f32 scale and an i32 compensation per output column
   // (2 Il of W13, H of W2; kernels/grouped_gemm.h).
   rb.expert_bytes = w8a8 ? 3.0 * Il * H + 8.0 * (2 * Il + H) : esz * 3.0 * Il * H;
-  rb.kv_per_pos_layer = 4.0 * 2 * c.n_kv_heads / tp * hd;
+  rb.kv_per_pos_layer = static_cast<double>(dtype_size(mo.kv_cache_dtype)) * 2 * c.n_kv_heads / tp * hd;
   rb.head = esz * c.vocab_size * H + 4.0 * H;
   rb.embed_row = esz * H;
 
@@ -420,11 +424,11 @@ int run_bench_model(const BenchModelOptions& o) {
   if (root)
     fmt::print(
         "moe-ep bench-model: shape {} ({} layers of H={} heads {}/{} head_dim {} E={} k={} I={}), vocab {}{}, dtype "
-        "{}, {} rank(s) ({}, moe-comm {}), {} threads per rank, {}\n  built in {:.1f} s (this rank's experts "
+        "{}, KV cache {}, {} rank(s) ({}, moe-comm {}), {} threads per rank, {}\n  built in {:.1f} s (this rank's experts "
         "[{}, {}))\n",
         o.shape, c.n_layers, H, c.n_heads, c.n_kv_heads, hd, c.moe.n_experts, c.moe.top_k,
         c.moe.moe_intermediate_size, c.vocab_size, c.vocab_size == shape->vocab ? "" : fmt::format(" (the checkpoint's: {})", shape->vocab),
-        w8a8 ? o.dtype + " (routed experts w8a8)" : o.dtype, R, to_string(o.parallel.par), o.parallel.moe_comm,
+        w8a8 ? o.dtype + " (routed experts w8a8)" : o.dtype, o.kv_cache_dtype, R, to_string(o.parallel.par), o.parallel.moe_comm,
         threads, cpu_summary(), build_s, rb.e_begin, rb.e_end);
 
   // ---- checks ----
@@ -487,6 +491,7 @@ int run_bench_model(const BenchModelOptions& o) {
   rec["vocab"] = c.vocab_size;
   rec["dtype"] = o.dtype;
   rec["quantize"] = o.quantize;
+  rec["kv_cache_dtype"] = o.kv_cache_dtype;
   rec["ranks"] = R;
   rec["parallel"] = to_string(o.parallel.par);
   rec["moe_comm"] = o.parallel.moe_comm;
@@ -552,11 +557,11 @@ int run_bench_model(const BenchModelOptions& o) {
     fmt::print(
         "\nThe floor of a decode step: the bytes it must read on the slowest rank (attention + router + norms, the "
         "experts its\ntokens touched on that rank (counted from the routing of an untimed pass of the same steps), "
-        "K/V of the context\n(f32 cache), lm_head + the embedding rows) / that rank's read bandwidth, measured once "
+        "K/V of the context\n({} cache), lm_head + the embedding rows) / that rank's read bandwidth, measured once "
         "before prefill: a 512 MB\nbuffer read once with {} loads on {} threads per rank, all ranks at once, best of "
         "5.\nPrefill % of peak: 2 x multiply-adds (linear layers, causal QK^T and PV) per second / peak {} = {} on "
         "{} threads\nper rank, operands in registers (or L1), best of 3 by thread CPU time, summed over the ranks ({} kernels at {}{}).\n",
-        read_probe_loads(), threads, peak_probe_name(probe), peak_probe_what(probe), threads, o.dtype,
+        o.kv_cache_dtype, read_probe_loads(), threads, peak_probe_name(probe), peak_probe_what(probe), threads, o.dtype,
         isa_name(active_isa()), o.quantize == "w8a8" ? "; the W8A8 routed experts run int8 instructions" : "");
     if (!o.json_path.empty()) {
       write_file_atomic(o.json_path, rec.dump(2) + "\n", "--json");
@@ -588,6 +593,7 @@ Verb add_bench_model_verb(CLI::App& app) {
                   "by 0.99); the router stays f32, attention and lm_head stay in --dtype")
       ->check(CLI::IsMember({"none", "w8a8"}))
       ->capture_default_str();
+  add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
   cmd->add_option("--prefill", o->prefill, "Prompt length of the prefill measurement")->capture_default_str();
   cmd->add_option("--decode-batch", o->decode_batch, "Batch sizes of the decode measurements (e.g. 1,16)")
       ->delimiter(',')

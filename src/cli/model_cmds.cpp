@@ -195,6 +195,7 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
     j["dtype"] = o.dtype;
     j["quantize"] = o.quantize;
     j["quantize_linears"] = o.quantize_linears;
+    j["kv_cache"] = {{"dtype", o.kv_cache_dtype}, {"bytes", L.model->cache().shape().bytes()}};
     j["ranks"] = L.world->size();
     j["parallel"] = to_string(o.parallel.par);
     j["prompts"] = L.prompts;

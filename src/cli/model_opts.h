@@ -1,5 +1,6 @@
 // The model flags shared by the verbs that load a whole model (forward, generate,
-// chat, serve) and the load itself, with the cross-rank consistency check.
+// chat, serve; bench-model has its own copies) and the load itself, with the
+// cross-rank consistency check.
 #pragma once
 
 #include <functional>
@@ -21,13 +22,17 @@ struct CommonOpts {
   int64_t int4_group = 32;  // --int4-group, with --quantize w4a8
   std::string quantize_linears = "none";  // --quantize-linears: none or w8a8
   int64_t max_seq_len = 0;
+  std::string kv_cache_dtype = "f32";  // --kv-cache-dtype: f32 or bf16 (KvCacheShape::dtype)
   ParallelOptions parallel;
 };
 
 // "bf16" or "bf16 (routed experts w8a8)", for the summaries.
 std::string weights_desc(const CommonOpts& o);
 
-// --model, --prompt-ids, --dtype, --quantize, --max-seq-len and the parallel flags.
+// --kv-cache-dtype f32|bf16 into `dtype` (model_opts and bench-model share it).
+void add_kv_cache_dtype_option(CLI::App* cmd, std::string& dtype);
+
+// --model, --prompt-ids, --dtype, --quantize, --max-seq-len, --kv-cache-dtype and the parallel flags.
 void add_common(CLI::App* cmd, CommonOpts& o);
 
 struct Loaded {

@@ -18,8 +18,9 @@
 //   none  k*n*dtype;  w8a8  k*n + 4n (int8, an f32 scale per output channel);
 //   w4a8  k*n/2 + 5 * n * ceil(k/g) (int4, an f32 scale and a u8 zero point per group);
 //   fp8   k*n + 4 * ceil(n/128) * ceil(k/128) (e4m3, f32 scales per 128x128 block);
-// panel padding of the packed layouts is not counted. KV cache: f32, per token and
-// layer 2 * kv_heads * head_dim values (GQA) or kv_lora_rank + qk_rope_head_dim (MLA).
+// panel padding of the packed layouts is not counted. KV cache: --kv-cache-dtype (f32 4
+// bytes, bf16 2) per value; per token and layer 2 * kv_heads * head_dim values (GQA) or
+// kv_lora_rank + qk_rope_head_dim (MLA).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -49,6 +50,7 @@ struct PlanOptions {
   int64_t int4_group = 32;
   bool fp8 = false;
   std::string dtype = "bf16";
+  std::string kv_cache_dtype = "f32";
   int64_t context = 4096;      // tokens of context per sequence (KV cache read per decode step)
   int64_t batch = 1;           // decode sequences per node
   int64_t prefill_tokens = 2048;  // prompt tokens per node per prefill step
@@ -142,7 +144,7 @@ int run_plan(const PlanOptions& o) {
   const double weights = replicated + routed.bytes;
 
   const double kv_per_token =
-      4.0 * static_cast<double>(c.n_layers) *
+      (o.kv_cache_dtype == "bf16" ? 2.0 : 4.0) * static_cast<double>(c.n_layers) *
       (c.attention == AttentionKind::Mla ? static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim)
                                          : 2.0 * static_cast<double>(c.n_kv_heads * c.head_dim));
   const double mem = o.mem_per_node_gib * 1024.0 * 1024.0 * 1024.0;
@@ -198,6 +200,7 @@ int run_plan(const PlanOptions& o) {
     r["model"] = c.model_type;
     r["nodes"] = N;
     r["dtype"] = o.dtype;
+    r["kv_cache_dtype"] = o.kv_cache_dtype;
     r["experts"] = o.fp8 ? "fp8" : o.quantize;
     auto& pj = r["per_node"] = nlohmann::ordered_json::object();
     for (const Part& p : parts) pj[p.name] = {{"params", p.params}, {"bytes", p.bytes}};
@@ -234,8 +237,8 @@ int run_plan(const PlanOptions& o) {
     fmt::print("  {:<36} {:>16.0f} params {:>12}\n", p.name, p.params, size(p.bytes));
   fmt::print("  {:<36} {:>16} {:>19}  ({} experts per MoE layer on the fullest node)\n", "weights in all", "",
              size(weights), experts_here);
-  fmt::print("  KV cache per token {:.0f} bytes (f32); {} x {} tokens: {}\n", kv_per_token, o.batch, o.context,
-             size(kv_need));
+  fmt::print("  KV cache per token {:.0f} bytes ({}); {} x {} tokens: {}\n", kv_per_token, o.kv_cache_dtype, o.batch,
+             o.context, size(kv_need));
   fmt::print("  memory {:.1f} GiB: {} (room for {:.0f} tokens of KV after the weights)\n", o.mem_per_node_gib,
              fits ? "fits" : "DOES NOT FIT", kv_tokens_free);
   fmt::print("\nper token per MoE layer: {:.2f} remote nodes; dispatch {:.0f} bytes, combine {:.0f} bytes\n",
@@ -284,6 +287,9 @@ Verb add_plan_verb(CLI::App& app) {
   p->add_option("--int4-group", o->int4_group, "With --quantize w4a8: values per group")->check(CLI::IsMember({32, 64, 128}));
   p->add_flag("--fp8", o->fp8, "Routed experts in FP8 e4m3 with 128x128 block scales (DeepSeek-V3's checkpoint)");
   p->add_option("--dtype", o->dtype, "Dtype of the other weights (f32, bf16)")->check(CLI::IsMember({"f32", "bf16"}));
+  p->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV cache element type, as --kv-cache-dtype of the other verbs")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   p->add_option("--context", o->context, "Tokens of context per sequence (KV read per decode step, KV to hold)")
       ->check(CLI::PositiveNumber);
   p->add_option("--batch", o->batch, "Decode sequences per node")->check(CLI::PositiveNumber);

@@ -125,11 +125,11 @@ int run_serve(ServeOpts& o) {
   const KvCacheShape& ks = m.cache().shape();
   fmt::print(stderr,
              "moe-ep serve: {} ({}) as \"{}\" on http://{}:{} - {} rank(s) ({}), dtype {}, context {} tokens, KV "
-             "cache {} blocks of {} ({:.2f} GiB, {} tokens), --max-num-seqs {}, --max-batch-tokens {}; loaded in "
+             "cache {} blocks of {} ({}, {:.2f} GiB, {} tokens), --max-num-seqs {}, --max-batch-tokens {}; loaded in "
              "{:.2f} s\n",
              m.config().model_type, m.config().summary(), o.http.served_model_name, o.http.host, http.port(),
              world.size(), to_string(o.common.parallel.par), weights_desc(o.common), m.cache().max_seq(), ks.n_blocks,
-             ks.block_size, static_cast<double>(ks.bytes()) / double(uint64_t{1} << 30), ks.n_blocks * ks.block_size,
+             ks.block_size, dtype_name(ks.dtype), static_cast<double>(ks.bytes()) / double(uint64_t{1} << 30), ks.n_blocks * ks.block_size,
              o.engine.max_num_seqs, o.engine.max_batch_tokens, L.load_s);
   std::fflush(stderr);
   try {
@@ -196,7 +196,7 @@ Verb add_serve_verb(CLI::App& app) {
   s->add_option("--kv-cache-mem", o->kv_cache_gib,
                 "KV-cache size in GiB, allocated once as blocks shared by all requests (default 0: enough for "
                 "--max-num-seqs requests at the full context, at most 4 GiB); a request waits until its prompt + "
-                "max_tokens fit")
+                "max_tokens fit. With --kv-cache-dtype bf16 the same GiB hold twice the tokens")
       ->check(CLI::NonNegativeNumber);
   s->add_option("--kv-block-size", o->kv_block_size, "Positions per KV-cache block")
       ->check(CLI::Range(1, 4096))

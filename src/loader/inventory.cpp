@@ -110,12 +110,15 @@ std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, cons
     opt.tp_rank = p.tp_rank;
     opt.tp_size = tp;
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
-      for (const LayerRead& rd : mlp_layer_reads(ck, cfg, l, opt))
+      bool fp8 = false;  // FP8 experts computed in bf16 stay e4m3: 1 byte per weight
+      for (const LayerRead& rd : mlp_layer_reads(ck, cfg, l, opt)) {
         (is_expert(rd.role) ? p.expert_bytes : p.non_expert_bytes) += read_bytes(ck, rd.tensor_read());
+        fp8 |= is_expert(rd.role) && ck.has(rd.key) && ck.info(rd.key).dtype == DType::F8E4M3;
+      }
       if (cfg.is_moe_layer(l))
         p.resident_expert_bytes += static_cast<uint64_t>(p.expert_end - p.expert_begin) * 3 *
                                    static_cast<uint64_t>(cfg.moe_intermediate_size / tp) * cfg.hidden_size *
-                                   dtype_size(compute);
+                                   (fp8 && compute == DType::BF16 ? 1 : dtype_size(compute));
     }
     plans.push_back(p);
   }
@@ -134,9 +137,10 @@ std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfi
                                keys.size())});
     return out;
   }
-  // Outside the MLP blocks the model converts every tensor from a float type: no fp8.
+  // Outside the MLP blocks too a tensor may be block-scaled FP8 (attention, lm_head):
+  // loader/fp8_weights.h checks its scales.
   for (const TensorRead& r : non_mlp)
-    if (auto p = tensor_problem(ck, r.key, r.shape, r.layer, /*fp8_ok=*/false)) {
+    if (auto p = tensor_problem(ck, r.key, r.shape, r.layer)) {
       // An int8 weight of FastDeploy's W8A8 attention: i8 is what it must be.
       if (r.int8 && p->kind == TensorProblem::WrongDType && ck.info(r.key).dtype == DType::I8) continue;
       out.push_back(std::move(*p));
@@ -151,7 +155,10 @@ std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfi
   // Every other key must be one of the model's reads: the MLP blocks' keys were
   // judged above by their own name map.
   std::unordered_set<std::string> read;
-  for (const TensorRead& r : non_mlp) read.insert(r.key);
+  for (const TensorRead& r : non_mlp) {
+    read.insert(r.key);
+    if (ck.has(r.key) && ck.info(r.key).dtype == DType::F8E4M3) read.insert(r.key + "_scale_inv");
+  }
   for (const std::string& k : keys) {
     if (read.count(k)) continue;
     const int64_t l = layer_of_key(k);
@@ -196,6 +203,11 @@ void load_share(const Checkpoint& ck, const MoeConfig& cfg, const std::vector<Te
   auto copy = [&](const TensorRead& r) {
     const Tensor t = load_sharded(ck, r, ck.info(r.key).dtype);
     if (opt.progress) opt.progress->advance(t.nbytes());
+    const std::string skey = r.key + "_scale_inv";
+    if (ck.info(r.key).dtype == DType::F8E4M3 && ck.has(skey)) {  // an FP8 weight's read includes its scales
+      const Tensor s = load_sharded(ck, fp8_scale_read(r, ck.info(skey).shape), ck.info(skey).dtype);
+      if (opt.progress) opt.progress->advance(s.nbytes());
+    }
   };
   for (const TensorRead& r : non_mlp) prefetch_sharded(ck, r);
   for (const TensorRead& r : non_mlp) copy(r);

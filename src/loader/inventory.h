@@ -47,7 +47,7 @@ struct RankPlan {
   uint64_t non_expert_bytes = 0;
   uint64_t expert_bytes = 0;      // this rank's experts (its MoE-TP slice of each)
   uint64_t header_bytes = 0;
-  uint64_t resident_expert_bytes = 0;  // packed expert weights in memory at the compute dtype
+  uint64_t resident_expert_bytes = 0;  // packed expert weights in memory at the compute dtype (FP8 in bf16: 1 B, scales aside)
   uint64_t read_bytes() const { return non_expert_bytes + expert_bytes + header_bytes; }
 };
 // The tensors outside the MLP blocks that a rank of TP rank `tp_rank` of `tp` reads

@@ -24,12 +24,6 @@ std::string expert_key(const std::string& pattern, int64_t e) {
 
 bool float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
-// FP8 block-scaled weights (DeepSeek-V3): an F8_E4M3 weight comes with its block scales
-// "<key>_scale_inv"; it loads like a float weight, dequantised to bf16 (see load_read).
-bool fp8_weight(const Checkpoint& ck, const std::string& key, DType t) {
-  return t == DType::F8E4M3 && ck.has(key + "_scale_inv");
-}
-
 }  // namespace
 
 std::optional<TensorProblem> tensor_problem(const Checkpoint& ck, const std::string& key, const Shape& expected,
@@ -44,7 +38,12 @@ std::optional<TensorProblem> tensor_problem(const Checkpoint& ck, const std::str
     return TensorProblem{TensorProblem::WrongShape, key,
                          fmt::format("{}tensor '{}' in {} has shape {}, expected {}", where, key, ck.file_of(key),
                                      shape_str(info.shape), shape_str(expected))};
-  if (!float_dtype(info.dtype) && !(fp8_ok && fp8_weight(ck, key, info.dtype)))
+  if (fp8_ok && info.dtype == DType::F8E4M3) {  // block-scaled FP8 (loader/fp8_weights.h)
+    if (auto p = fp8_problem(ck, TensorRead{key, expected, ShardRule::replicated(), 0, 1, layer}))
+      return TensorProblem{TensorProblem::WrongDType, key, where + *p};
+    return std::nullopt;
+  }
+  if (!float_dtype(info.dtype))
     return TensorProblem{TensorProblem::WrongDType, key,
                          fmt::format("{}tensor '{}' in {} has dtype {}, expected f32, bf16 or f16{}", where, key,
                                      ck.file_of(key), dtype_name(info.dtype),
@@ -88,26 +87,13 @@ bool uses_fused(const Checkpoint& ck, const MlpKeys& keys) {
 }
 
 // FP8 with f32 compute (and the router/other single tensors): dequantised at load, one
-// tensor at a time, to bf16 (the f32 product with the block scale rounded to nearest
-// even, the values the bf16 in-GEMM path computes with), then to the requested dtype.
-// Routed, shared and dense experts computed in bf16 stay e4m3 instead (fp8_weights.h).
-Tensor load_fp8(const Checkpoint& ck, const LayerRead& r, std::optional<DType> out) {
-  const std::string skey = r.key + "_scale_inv";
-  MOE_CHECK(r.size == 1, "tensor '{}': fp8 block-scaled weights under MoE-TP (--tp > 1) are not supported yet",
-            r.key);
-  const auto [bn, bk] = fp8_block_shape(ck);
-  const Tensor w = load_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size);
-  const Tensor s = load_sharded(ck, skey, ck.info(skey).shape, ShardRule::replicated(), 0, 1);
-  try {
-    const Tensor d = dequantize_fp8_blocks(w.is_contiguous() ? w : w.clone(), s, bn, bk, DType::BF16);
-    return out ? d.to(*out) : d;
-  } catch (const Error& e) {
-    throw Error(fmt::format("{} (tensor '{}' in {}, scales '{}')", e.what(), r.key, ck.file_of(r.key), skey));
-  }
-}
-
+// tensor at a time, exactly (the f32 products), then to the requested dtype. Routed,
+// shared and dense experts computed in bf16 stay e4m3 instead (fp8_weights.h).
 Tensor load_read(const Checkpoint& ck, const LayerRead& r, std::optional<DType> out = std::nullopt) {
-  if (ck.has(r.key) && fp8_weight(ck, r.key, ck.info(r.key).dtype)) return load_fp8(ck, r, out);
+  if (is_fp8_weight(ck, r.key)) {
+    const Tensor d = dequantize_fp8(load_fp8_slice(ck, r.tensor_read()), DType::F32);
+    return out ? d.to(*out) : d;
+  }
   return load_sharded(ck, r.key, r.full_shape, r.rule, r.rank, r.size, out);
 }
 
@@ -134,8 +120,12 @@ GatedMlpWeights load_gated(const Checkpoint& ck, const LayerRead& g, const Layer
   GatedMlpWeights w;
   w.act = act;
   if (compute == DType::BF16 && is_fp8_weight(ck, g.key)) {  // stays e4m3 (fp8_weights.h)
-    make_fp8_mlp(ck, 1, I, H, w.w13, w.w2);
-    pack_fp8_expert(ck, g, u, d, w.w13, w.w2, 0);
+    const Fp8Slice gs = load_fp8_slice(ck, g.tensor_read()), us = load_fp8_slice(ck, u.tensor_read()),
+                   ds = load_fp8_slice(ck, d.tensor_read());
+    w.w13 = make_packed_fp8(1, 2 * I, H, /*gated=*/true, gs.block_k);
+    w.w2 = make_packed_fp8(1, H, I, /*gated=*/false, ds.block_k);
+    pack_fp8_gated(w.w13, 0, gs, us);
+    pack_fp8(w.w2, 0, ds);
     return w;
   }
   w.w13 = make_packed_experts(1, 2 * I, H, compute, /*gated=*/true);
@@ -323,6 +313,8 @@ std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeC
     if (cfg.routing.use_correction_bias) known.push_back(keys.correction_bias);
     known.push_back(keys.fused_gate_up);
     known.push_back(keys.fused_down);
+    known.push_back(keys.fused_gate_up + "_scale_inv");  // FP8 stacked experts (fp8_weights.h)
+    known.push_back(keys.fused_down + "_scale_inv");
     if (cfg.shared_intermediate_size > 0) {
       gated(keys.shared_prefix);
       if (cfg.shared_expert_gate) known.push_back(keys.shared_gate);
@@ -412,9 +404,12 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
       opt.quantize_w8a8 || opt.quantize_w4a8 || qf != QuantFormat::None ? DType::I8 : opt.compute;
   // FP8 block-scaled experts computed in bf16 stay e4m3 in memory: the GEMM dequantises
   // panel by panel (fp8_weights.h); for f32 compute they are dequantised here (load_read).
-  const bool fp8 = experts_dtype == DType::BF16 && !fused_gu && n_local > 0 && is_fp8_weight(ck, gate[0]->key);
+  const LayerRead* first_gu = fused_gu ? fused_gu : n_local > 0 ? gate[0] : nullptr;
+  const LayerRead* first_dn = fused_gu ? fused_dn : n_local > 0 ? down[0] : nullptr;
+  const bool fp8 = experts_dtype == DType::BF16 && first_gu && is_fp8_weight(ck, first_gu->key);
   if (fp8) {
-    make_fp8_mlp(ck, n_local, Il, H, w.w13, w.w2);
+    w.w13 = make_packed_fp8(n_local, 2 * Il, H, /*gated=*/true, fp8_slice_block_k(ck, first_gu->tensor_read()));
+    w.w2 = make_packed_fp8(n_local, H, Il, /*gated=*/false, fp8_slice_block_k(ck, first_dn->tensor_read()));
   } else if (opt.quantize_w4a8) {
     w.w13 = make_packed_experts_int4(n_local, 2 * Il, H, /*gated=*/true, opt.int4_group);
     w.w2 = make_packed_experts_int4(n_local, H, Il, /*gated=*/false, opt.int4_group);
@@ -434,6 +429,17 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   };
   if (qf != QuantFormat::None) {
     load_quant_experts(ck, cfg, layer, opt, qf, w);
+  } else if (fused_gu && fp8) {
+    // Stacked FP8 layout: the codes stay e4m3; each expert is packed from its rows.
+    const Fp8Slice gu = load_fp8_slice(ck, fused_gu->tensor_read()), dn = load_fp8_slice(ck, fused_dn->tensor_read());
+    const uint64_t per_expert = (gu.codes.nbytes() + dn.codes.nbytes()) / std::max<int64_t>(1, n_local);
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t e = 0; e < n_local; ++e)
+      guarded([&] {
+        pack_fp8(w.w13, e, gu, e);
+        pack_fp8(w.w2, e, dn, e);
+        if (opt.progress) opt.progress->advance(per_expert);
+      });
   } else if (fused_gu) {
     // Stacked layout: this rank's experts' rows only (and its I slice of each block).
     const Tensor gu = load_read(ck, *fused_gu);  // [E_l, 2 Il, H]
@@ -451,7 +457,10 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
     for (int64_t e = 0; e < n_local; ++e)
       guarded([&] {
         if (fp8) {
-          pack_fp8_expert(ck, *gate[e], *up[e], *down[e], w.w13, w.w2, e);
+          const Fp8Slice g = load_fp8_slice(ck, gate[e]->tensor_read()), u = load_fp8_slice(ck, up[e]->tensor_read()),
+                         d = load_fp8_slice(ck, down[e]->tensor_read());
+          pack_fp8_gated(w.w13, e, g, u);
+          pack_fp8(w.w2, e, d);
           if (opt.progress)
             opt.progress->advance(read_bytes(ck, gate[e]->tensor_read()) + read_bytes(ck, up[e]->tensor_read()) +
                                   read_bytes(ck, down[e]->tensor_read()));

@@ -157,13 +157,58 @@ ShardPlan plan_shard(const std::string& key, const Shape& full, const ShardRule&
   return p;
 }
 
+std::vector<int64_t> shard_index_map(const std::string& key, const Shape& full, const ShardRule& rule, int rank,
+                                     int size, int out_dim) {
+  const int nd = static_cast<int>(full.size());
+  MOE_CHECK(out_dim >= 0 && out_dim < nd, "tensor '{}' of shape {}: no dim {}", key, shape_str(full), out_dim);
+  MOE_CHECK(!rule.windowed(), "tensor '{}': no index map for a windowed rule ({}); only int8 fused weights use windows",
+            key, rule.describe());
+  auto iota = [](int64_t b, int64_t n) {
+    std::vector<int64_t> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = b + i;
+    return v;
+  };
+  if (rule.kind == ShardKind::Replicated || rule.kind == ShardKind::RowBias ||
+      (size == 1 && rule.kind != ShardKind::ExpertLocal))
+    return iota(0, full[out_dim]);
+  const bool stacked = rule.kind == ShardKind::ExpertLocal && rule.expert_end >= 0;
+  if (stacked && out_dim == 0) return iota(rule.expert_begin, rule.expert_end - rule.expert_begin);
+  const int ni = nd - (stacked ? 1 : 0);
+  const int dim = rule.dim < 0 ? rule.dim + ni : rule.dim;  // in the inner (per-expert) shape
+  const int idim = out_dim - (stacked ? 1 : 0);
+  if (idim != dim) return iota(0, full[out_dim]);
+  const int64_t block = full[out_dim] / rule.parts;
+  const auto [s0, s1] = shard_range(fmt::format("tensor '{}' ({} {}, dim {})", key, rule.describe(), shape_str(full), dim),
+                                    block, rank, size);
+  std::vector<int64_t> v;
+  for (int q = 0; q < rule.parts; ++q)
+    for (int64_t i = s0; i < s1; ++i) v.push_back(q * block + i);
+  return v;
+}
+
 ShardPlan plan_shard(const TensorRead& r) { return plan_shard(r.key, r.shape, r.rule, r.rank, r.size); }
 
 uint64_t read_bytes(const Checkpoint& ck, const TensorRead& r) {
   if (!ck.has(r.key)) return 0;
   const TensorInfo& info = ck.info(r.key);
   if (info.shape != r.shape) return 0;
-  return plan_shard(r).bytes_read(dtype_size(info.dtype));
+  uint64_t n = plan_shard(r).bytes_read(dtype_size(info.dtype));
+  const std::string skey = r.key + "_scale_inv";
+  if (info.dtype == DType::F8E4M3 && ck.has(skey)) {
+    const TensorInfo& si = ck.info(skey);
+    try {
+      n += plan_shard(fp8_scale_read(r, si.shape)).bytes_read(dtype_size(si.dtype));
+    } catch (const Error&) {  // a scale tensor the loader rejects: it reads nothing
+    }
+  }
+  return n;
+}
+
+TensorRead fp8_scale_read(const TensorRead& r, const Shape& scale_shape) {
+  TensorRead s{r.key + "_scale_inv", scale_shape, ShardRule::replicated(), 0, 1, r.layer};
+  if (r.rule.kind == ShardKind::ExpertLocal && r.rule.expert_end >= 0)
+    s.rule = ShardRule::expert_local_stacked(r.rule.expert_begin, r.rule.expert_end, 0);  // size 1: experts only
+  return s;
 }
 
 void prefetch_sharded(const Checkpoint& ck, const std::string& key, const Shape& full_shape, const ShardRule& rule,

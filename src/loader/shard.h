@@ -136,8 +136,21 @@ struct ShardPlan {
 ShardPlan plan_shard(const std::string& key, const Shape& full_shape, const ShardRule& rule, int rank, int size);
 ShardPlan plan_shard(const TensorRead& r);
 
-// The bytes load_sharded(r) reads from `ck` (dtype of the file); 0 when the tensor is
-// missing or has another shape (the loader then reads nothing: it throws).
+// For dim `out_dim` of the slice load_sharded gives (its out_shape), the index in the
+// full tensor of each of its positions: e.g. a column-parallel [8, 4] weight on rank 1
+// of 2, dim 0 -> {4, 5, 6, 7}; a fused gate_up of two parts, {2, 3, 6, 7}; a stacked
+// expert tensor's dim 0 -> its experts' ids. Pure arithmetic, as plan_shard.
+std::vector<int64_t> shard_index_map(const std::string& key, const Shape& full_shape, const ShardRule& rule, int rank,
+                                     int size, int out_dim);
+
+// The read of the block scales "<key>_scale_inv" (of shape `scale_shape`) that go with
+// an FP8 weight read r (loader/fp8_weights.h): the whole tensor, or for a stacked expert
+// tensor the rows of r's experts.
+TensorRead fp8_scale_read(const TensorRead& r, const Shape& scale_shape);
+
+// The bytes load_sharded(r) reads from `ck` (dtype of the file), plus for an FP8 weight
+// its block scales' read (fp8_scale_read); 0 when the tensor is missing or has another
+// shape (the loader then reads nothing: it throws).
 uint64_t read_bytes(const Checkpoint& ck, const TensorRead& r);
 
 // Starts background reads of what load_sharded(same arguments) will read; call it for

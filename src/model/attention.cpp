@@ -34,6 +34,30 @@ float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// One MLA head's attention in the latent space over the cached rows [0, n_ctx) of a
+// slot: scores (q_lat . c_kv_j + q_pe . k_pe_j) * scale, softmax, and o_lat = sum_j p_j
+// c_kv_j. E as in KvCache::a_row: a bf16 cache is widened (exactly) as it is read, so
+// the bits are the f32 code's on the rounded values.
+template <class E>
+void mla_latent_attend(const KvCache& cache, int64_t layer, int64_t slot, int64_t n_ctx, const float* q_lat,
+                       const float* q_pe, float scale, float* sc, float* o_lat) {
+  const int64_t L = cache.a_dim(), R = cache.b_dim();
+  for (int64_t j = 0; j < n_ctx; ++j) {
+    const E* cj = cache.a_row<E>(layer, slot, j);
+    const E* pj = cache.b_row<E>(layer, slot, j);
+    float s_lat = 0.f, s_pe = 0.f;
+    for (int64_t l = 0; l < L; ++l) s_lat += q_lat[l] * kv_widen(cj[l]);
+    for (int64_t r = 0; r < R; ++r) s_pe += q_pe[r] * kv_widen(pj[r]);
+    sc[j] = (s_lat + s_pe) * scale;
+  }
+  softmax_inplace(sc, n_ctx);
+  std::fill(o_lat, o_lat + L, 0.f);
+  for (int64_t j = 0; j < n_ctx; ++j) {
+    const E* cj = cache.a_row<E>(layer, slot, j);
+    for (int64_t l = 0; l < L; ++l) o_lat[l] += sc[j] * kv_widen(cj[l]);
+  }
+}
+
 void check_heads(const char* what, int64_t n, int tp) {
   MOE_CHECK(n % tp == 0, "--tp {} does not divide the model's {} {} (attention heads are split over the TP ranks)",
             tp, n, what);
@@ -206,8 +230,8 @@ void GqaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   }
   for (const SeqSpan& sp : b.seqs)
     for (int64_t i = 0; i < sp.n; ++i) {
-      std::memcpy(c.cache->a(c.layer, sp.slot, sp.start_pos + i), k + (sp.first + i) * nkv, nkv * sizeof(float));
-      std::memcpy(c.cache->b(c.layer, sp.slot, sp.start_pos + i), v + (sp.first + i) * nkv, nkv * sizeof(float));
+      c.cache->put_a(c.layer, sp.slot, sp.start_pos + i, k + (sp.first + i) * nkv);  // rounded to the cache dtype
+      c.cache->put_b(c.layer, sp.slot, sp.start_pos + i, v + (sp.first + i) * nkv);
     }
   GqaAttendArgs aa;  // scores, softmax, V sum over the cache: model/attention_kernels.h
   aa.batch = &b;
@@ -285,14 +309,15 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   for (const SeqSpan& sp : b.seqs)
     for (int64_t i = 0; i < sp.n; ++i) {
       const float* row = kv + (sp.first + i) * (L + R);
-      std::memcpy(c.cache->a(c.layer, sp.slot, sp.start_pos + i), row, L * sizeof(float));
-      std::memcpy(c.cache->b(c.layer, sp.slot, sp.start_pos + i), row + L, R * sizeof(float));
+      c.cache->put_a(c.layer, sp.slot, sp.start_pos + i, row);  // rounded to the cache dtype
+      c.cache->put_b(c.layer, sp.slot, sp.start_pos + i, row + L);
     }
   const std::vector<int32_t> seq = seq_of_tokens(b);
   float* ctx = AttnScratch::ensure(s.ctx, T * n_heads_ * v_dim_);
   const int64_t max_seq = c.cache->max_seq();
   const float scale = static_cast<float>(scale_);
-  KvCache& cache = *c.cache;
+  const KvCache& cache = *c.cache;
+  const bool bf16 = cache.dtype() == DType::BF16;
   // Small steps run on one thread: waking a team costs more than the work.
 #pragma omp parallel if (T * n_heads_ * max_seq * L >= (int64_t{1} << 18))
   {
@@ -307,15 +332,12 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
         std::fill(q_lat.begin(), q_lat.end(), 0.f);
         for (int64_t n = 0; n < nope_; ++n)
           for (int64_t l = 0; l < L; ++l) q_lat[l] += qn[n] * uk[n * L + l];
-        for (int64_t j = 0; j < n_ctx; ++j)
-          sc[j] = (dot(q_lat.data(), cache.a(c.layer, sp.slot, j), L) + dot(qn + nope_, cache.b(c.layer, sp.slot, j), R)) *
-                  scale;
-        softmax_inplace(sc.data(), n_ctx);
-        std::fill(o_lat.begin(), o_lat.end(), 0.f);
-        for (int64_t j = 0; j < n_ctx; ++j) {
-          const float* cj = cache.a(c.layer, sp.slot, j);
-          for (int64_t l = 0; l < L; ++l) o_lat[l] += sc[j] * cj[l];
-        }
+        if (bf16)
+          mla_latent_attend<uint16_t>(cache, c.layer, sp.slot, n_ctx, q_lat.data(), qn + nope_, scale, sc.data(),
+                                      o_lat.data());
+        else
+          mla_latent_attend<float>(cache, c.layer, sp.slot, n_ctx, q_lat.data(), qn + nope_, scale, sc.data(),
+                                   o_lat.data());
         const float* uv = w_uv_.data<float>() + h * v_dim_ * L;
         float* o = ctx + (t * n_heads_ + h) * v_dim_;
         for (int64_t d = 0; d < v_dim_; ++d) o[d] = dot(uv + d * L, o_lat.data(), L);

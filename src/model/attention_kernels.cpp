@@ -20,15 +20,15 @@ void softmax_inplace(float* sc, int64_t n) { attn_impl::softmax_row(sc, n); }
 void gqa_attend_reference(const GqaAttendArgs& a) {
   const StepBatch& b = *a.batch;
   const int64_t hd = a.head_dim, ldq = a.n_heads * hd, group = a.n_heads / a.n_kv;
-  KvCache& cache = *a.cache;
-  std::vector<float> sc(cache.max_seq());
+  const KvCache& cache = *a.cache;
+  std::vector<float> sc(cache.max_seq()), kbuf(cache.a_dim()), vbuf(cache.b_dim());
   for (const SeqSpan& sp : b.seqs)
     for (int64_t t = sp.first; t < sp.first + sp.n; ++t)
       for (int64_t h = 0; h < a.n_heads; ++h) {
         const int64_t n_ctx = b.positions[t] + 1, kvh = h / group;
         const float* qh = a.q + t * ldq + h * hd;
         for (int64_t j = 0; j < n_ctx; ++j) {
-          const float* k = cache.a(a.layer, sp.slot, j) + kvh * hd;
+          const float* k = cache.row_a(a.layer, sp.slot, j, kbuf.data()) + kvh * hd;
           float s = 0.f;
           for (int64_t d = 0; d < hd; ++d) s += qh[d] * k[d];
           sc[j] = s * a.scale;
@@ -37,7 +37,7 @@ void gqa_attend_reference(const GqaAttendArgs& a) {
         float* o = a.ctx + t * ldq + h * hd;
         std::fill(o, o + hd, 0.f);
         for (int64_t j = 0; j < n_ctx; ++j) {
-          const float* v = cache.b(a.layer, sp.slot, j) + kvh * hd;
+          const float* v = cache.row_b(a.layer, sp.slot, j, vbuf.data()) + kvh * hd;
           for (int64_t d = 0; d < hd; ++d) o[d] += sc[j] * v[d];
         }
       }

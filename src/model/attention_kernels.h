@@ -11,7 +11,9 @@
 // the softmax is the same scalar loop, so the result is bitwise that of the plain loop
 // (one query and head at a time), whatever the batch, block or ISA: a KV-cached decode
 // step still equals recomputing the prefix. AVX-512 and portable builds of the same
-// code (attention_kernels_avx512.cpp) are chosen at run time.
+// code (attention_kernels_avx512.cpp) are chosen at run time. A bf16 cache is read
+// widened (exactly) to f32, so the same holds for it: the result is bitwise the plain
+// loop's on the bf16-rounded K and V.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +25,7 @@ namespace moe {
 
 struct GqaAttendArgs {
   const StepBatch* batch = nullptr;
-  KvCache* cache = nullptr;  // K in plane A, V in plane B, [slot, pos, n_kv*head_dim]
+  const KvCache* cache = nullptr;  // K in plane A, V in plane B, [slot, pos, n_kv*head_dim], f32 or bf16
   int64_t layer = 0;
   const float* q = nullptr;  // [T, n_heads*head_dim] after q-norm and RoPE
   float* ctx = nullptr;      // out [T, n_heads*head_dim]

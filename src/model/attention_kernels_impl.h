@@ -1,6 +1,8 @@
 // Private to attention_kernels*.cpp: the blocked GQA attention body, compiled once
 // for the baseline ISA, once with AVX2 and once with AVX-512 (GCC vector extensions: the
-// same element-wise multiplies and adds either way, so the same bits).
+// same element-wise multiplies and adds either way, so the same bits). A bf16 cache is
+// widened to f32 in plain C++ as it is read (keys into the tile, V rows into a buffer):
+// widening is exact, so the bits equal the f32 code run on the bf16-rounded values.
 #pragma once
 
 #include <omp.h>
@@ -8,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "model/attention_kernels.h"
@@ -54,19 +57,39 @@ struct Item {
 struct Scratch {
   std::vector<float> tile;  // [head_dim][kLanes]
   std::vector<float> sc;    // [rows][ld]
+  std::vector<float> vrow;  // [head_dim]: a V row widened to f32 (bf16 cache)
 };
 
+// The V row of position j as f32: the cache's own row (f32), or widened into buf once
+// per position, then used by every query of the item (plain C++: the loop vectorises
+// for whichever ISA this file is compiled for).
+template <class E>
+inline const float* v_row(const KvCache& cache, int64_t layer, int64_t slot, int64_t j, int64_t off, int64_t hd,
+                          float* buf) {
+  const E* v = cache.b_row<E>(layer, slot, j) + off;
+  if constexpr (std::is_same_v<E, float>) {
+    return v;
+  } else {
+    for (int64_t d = 0; d < hd; ++d) buf[d] = kv_widen(v[d]);
+    return buf;
+  }
+}
+
+// E: the cache's element type, float (f32) or uint16_t (bf16 bits).
+template <class E>
 inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s) {
   const StepBatch& b = *a.batch;
   const SeqSpan& sp = b.seqs[it.seq];
-  KvCache& cache = *a.cache;
+  const KvCache& cache = *a.cache;
   const int64_t hd = a.head_dim, G = a.n_heads / a.n_kv, ldq = a.n_heads * hd, kvh = it.kvh;
   int64_t max_ctx = 0;
   for (int64_t t = it.t0; t < it.t0 + it.nt; ++t) max_ctx = std::max<int64_t>(max_ctx, b.positions[t] + 1);
   const int64_t ld = (max_ctx + kLanes - 1) / kLanes * kLanes, rows = it.nt * G;
   if (static_cast<int64_t>(s.sc.size()) < rows * ld) s.sc.resize(rows * ld);
   if (static_cast<int64_t>(s.tile.size()) < hd * kLanes) s.tile.resize(hd * kLanes);
+  if (static_cast<int64_t>(s.vrow.size()) < hd) s.vrow.resize(hd);
   float* tile = s.tile.data();
+  float* vbuf = s.vrow.data();
   float* sc = s.sc.data();
   const v16 vscale = v16{} + a.scale;
 
@@ -75,8 +98,8 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s) {
     const int64_t jn = std::min<int64_t>(kLanes, max_ctx - j0);
     for (int64_t l = 0; l < kLanes; ++l) {
       if (l < jn) {
-        const float* k = cache.a(a.layer, sp.slot, j0 + l) + kvh * hd;
-        for (int64_t d = 0; d < hd; ++d) tile[d * kLanes + l] = k[d];
+        const E* k = cache.a_row<E>(a.layer, sp.slot, j0 + l) + kvh * hd;
+        for (int64_t d = 0; d < hd; ++d) tile[d * kLanes + l] = kv_widen(k[d]);
       } else {
         for (int64_t d = 0; d < hd; ++d) tile[d * kLanes + l] = 0.f;
       }
@@ -113,7 +136,7 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s) {
     for (int64_t g = 0; g < G; ++g) std::fill_n(a.ctx + (it.t0 + t) * ldq + (kvh * G + g) * hd, hd, 0.f);
   if (hd % kLanes == 0) {
     for (int64_t j = 0; j < max_ctx; ++j) {
-      const float* v = cache.b(a.layer, sp.slot, j) + kvh * hd;
+      const float* v = v_row<E>(cache, a.layer, sp.slot, j, kvh * hd, hd, vbuf);
       for (int64_t t = 0; t < it.nt; ++t) {
         if (j > b.positions[it.t0 + t]) continue;
         for (int64_t g = 0; g < G; ++g) {
@@ -125,7 +148,7 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s) {
     }
   } else {
     for (int64_t j = 0; j < max_ctx; ++j) {
-      const float* v = cache.b(a.layer, sp.slot, j) + kvh * hd;
+      const float* v = v_row<E>(cache, a.layer, sp.slot, j, kvh * hd, hd, vbuf);
       for (int64_t t = 0; t < it.nt; ++t) {
         if (j > b.positions[it.t0 + t]) continue;
         for (int64_t g = 0; g < G; ++g) {
@@ -153,12 +176,16 @@ inline void gqa_attend(const GqaAttendArgs& a) {
   }
   const int64_t n = static_cast<int64_t>(items.size());
   const Item* list = items.data();  // the caller's: in the team, `items` names each thread's own
+  const bool bf16 = a.cache->dtype() == DType::BF16;
   // Small steps run on one thread: waking a team costs more than the work.
 #pragma omp parallel if (n > 1 && work >= (int64_t{1} << 17))
   {
     static thread_local Scratch s;
 #pragma omp for schedule(dynamic)
-    for (int64_t i = 0; i < n; ++i) attend_item(a, list[i], s);
+    for (int64_t i = 0; i < n; ++i) {
+      if (bf16) attend_item<uint16_t>(a, list[i], s);
+      else attend_item<float>(a, list[i], s);
+    }
   }
 }
 

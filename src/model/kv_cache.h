@@ -1,6 +1,7 @@
 // The KV cache of a whole model, allocated once up front, in blocks (paged).
 //
-// Storage per layer: two f32 pools of n_blocks blocks of block_size positions,
+// Storage per layer: two pools of n_blocks blocks of block_size positions, in the
+// shape's dtype (KvCacheShape::dtype: f32, or bf16 at half the bytes),
 //   GQA: A = K and B = V, dim = n_kv_heads_local * head_dim (after k-norm and RoPE).
 //   MLA: A = c_kv, the compressed latent after kv_a_layernorm (dim kv_lora_rank), and
 //        B = k_pe, the shared rotary key after RoPE (dim qk_rope_head_dim). Full K and
@@ -12,14 +13,20 @@
 //   paged (serve): the tables start empty and the owner (the scheduler) hands blocks
 //     to slots with set_blocks(); any free block serves any sequence, so memory follows
 //     the tokens actually held, not max_seq per slot.
+// Rows go in through put_a/put_b (f32 in, rounded to the dtype) and come out widened
+// to f32 (row_a/row_b, exact), or raw (a_row/b_row) for the kernels that widen as they
+// go: every reader sees the same f32 values, so KV-cached decode still equals
+// recomputing the prefix bit for bit, for either dtype.
 // Not thread-safe for table changes; concurrent writes to distinct (slot, pos) are fine.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/check.h"
+#include "core/dtype.h"
 #include "core/tensor.h"
 
 namespace moe {
@@ -30,26 +37,46 @@ struct KvCacheShape {
   // the table lookup per position is noise next to the head_dim-long dot products.
   int64_t block_size = 16;
   int64_t n_blocks = 0;  // 0: dense (n_slots * blocks per slot); > 0: paged pool
+  // F32 (the default): the cache holds exactly what the projections computed; the
+  // fp32 goldens (logits within 1e-4 of transformers) are checked with it.
+  // BF16: each value rounded to the nearest bf16 (ties to even, core/dtype.h
+  // f32_to_bf16) when stored, widened exactly when read: half the bytes to hold and
+  // to read per decode step, at a relative error of at most 2^-9 per K/V value.
+  DType dtype = DType::F32;
   bool paged() const { return n_blocks > 0; }
   int64_t blocks_per_slot() const { return (max_seq + block_size - 1) / block_size; }
   int64_t total_blocks() const { return paged() ? n_blocks : n_slots * blocks_per_slot(); }
   uint64_t bytes() const {
-    return static_cast<uint64_t>(n_layers) * total_blocks() * block_size * (a_dim + b_dim) * sizeof(float);
+    return static_cast<uint64_t>(total_blocks()) * bytes_per_block(n_layers, block_size, a_dim, b_dim, dtype);
   }
-  static uint64_t bytes_per_block(int64_t n_layers, int64_t block_size, int64_t a_dim, int64_t b_dim) {
-    return static_cast<uint64_t>(n_layers) * block_size * (a_dim + b_dim) * sizeof(float);
+  static uint64_t bytes_per_block(int64_t n_layers, int64_t block_size, int64_t a_dim, int64_t b_dim, DType dtype) {
+    return static_cast<uint64_t>(n_layers) * block_size * (a_dim + b_dim) * dtype_size(dtype);
   }
 };
+
+// A stored element as f32, for readers of a_row/b_row: exact for both dtypes (bf16 is
+// the top half of an f32), so every reader sees the values row_a/row_b return.
+inline float kv_widen(float x) { return x; }
+inline float kv_widen(uint16_t h) { return bf16_to_f32(h); }
+
+// The dtypes a KV cache can hold, by the names of --kv-cache-dtype.
+inline DType parse_kv_cache_dtype(const std::string& name) {
+  if (name == "f32") return DType::F32;
+  if (name == "bf16") return DType::BF16;
+  MOE_FAIL("KV cache dtype '{}' is not supported: expected f32 or bf16", name);
+}
 
 class KvCache {
  public:
   KvCache() = default;
   explicit KvCache(const KvCacheShape& s) : s_(s) {
     MOE_CHECK(s.block_size >= 1 && s.n_slots >= 1 && s.max_seq >= 1, "internal: bad KV cache shape");
+    MOE_CHECK(s.dtype == DType::F32 || s.dtype == DType::BF16, "KV cache dtype {} is not supported (f32 or bf16)",
+              dtype_name(s.dtype));
     const int64_t nb = s.total_blocks();
     for (int64_t l = 0; l < s.n_layers; ++l) {
-      a_.push_back(Tensor::zeros({nb, s.block_size, s.a_dim}, DType::F32));
-      b_.push_back(Tensor::zeros({nb, s.block_size, s.b_dim}, DType::F32));
+      a_.push_back(Tensor::zeros({nb, s.block_size, s.a_dim}, s.dtype));
+      b_.push_back(Tensor::zeros({nb, s.block_size, s.b_dim}, s.dtype));
     }
     tables_.assign(s.n_slots, {});
     if (!s.paged()) {
@@ -79,15 +106,51 @@ class KvCache {
   }
   const std::vector<int32_t>& blocks(int64_t slot) const { return tables_[slot]; }
 
-  float* a(int64_t layer, int64_t slot, int64_t pos) { return a_[layer].data<float>() + row(slot, pos) * s_.a_dim; }
-  float* b(int64_t layer, int64_t slot, int64_t pos) { return b_[layer].data<float>() + row(slot, pos) * s_.b_dim; }
+  DType dtype() const { return s_.dtype; }
+
+  // Stores a row of a_dim (b_dim) f32 values at (slot, pos), rounded to the dtype.
+  void put_a(int64_t layer, int64_t slot, int64_t pos, const float* src) { put(a_[layer], s_.a_dim, slot, pos, src); }
+  void put_b(int64_t layer, int64_t slot, int64_t pos, const float* src) { put(b_[layer], s_.b_dim, slot, pos, src); }
+  // The row at (slot, pos) as f32: the stored row itself for an f32 cache, else widened
+  // into buf (a_dim / b_dim floats) and buf returned.
+  const float* row_a(int64_t layer, int64_t slot, int64_t pos, float* buf) const {
+    return get(a_[layer], s_.a_dim, slot, pos, buf);
+  }
+  const float* row_b(int64_t layer, int64_t slot, int64_t pos, float* buf) const {
+    return get(b_[layer], s_.b_dim, slot, pos, buf);
+  }
+  // The stored row itself, for kernels that widen as they read: E is float (F32) or
+  // uint16_t holding bf16 bits (BF16); the caller picks E by dtype().
+  template <class E>
+  const E* a_row(int64_t layer, int64_t slot, int64_t pos) const {
+    MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype));
+    return static_cast<const E*>(a_[layer].raw()) + row(slot, pos) * s_.a_dim;
+  }
+  template <class E>
+  const E* b_row(int64_t layer, int64_t slot, int64_t pos) const {
+    MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype));
+    return static_cast<const E*>(b_[layer].raw()) + row(slot, pos) * s_.b_dim;
+  }
 
  private:
+  void put(Tensor& t, int64_t dim, int64_t slot, int64_t pos, const float* src) {
+    const int64_t off = row(slot, pos) * dim;
+    if (s_.dtype == DType::F32) std::copy(src, src + dim, static_cast<float*>(t.raw()) + off);
+    else
+      for (int64_t i = 0; i < dim; ++i) static_cast<uint16_t*>(t.raw())[off + i] = f32_to_bf16(src[i]);
+  }
+  const float* get(const Tensor& t, int64_t dim, int64_t slot, int64_t pos, float* buf) const {
+    const int64_t off = row(slot, pos) * dim;
+    if (s_.dtype == DType::F32) return static_cast<const float*>(t.raw()) + off;
+    const uint16_t* h = static_cast<const uint16_t*>(t.raw()) + off;
+    for (int64_t i = 0; i < dim; ++i) buf[i] = bf16_to_f32(h[i]);
+    return buf;
+  }
   int64_t row(int64_t slot, int64_t pos) const {
     return static_cast<int64_t>(tables_[slot][pos / s_.block_size]) * s_.block_size + pos % s_.block_size;
   }
   KvCacheShape s_;
-  std::vector<Tensor> a_, b_;                // per layer f32 [total_blocks, block_size, dim]
+  std::vector<Tensor> a_, b_;                // per layer [total_blocks, block_size, dim] of dtype
   std::vector<std::vector<int32_t>> tables_;  // [n_slots][blocks of the slot]
 };
 

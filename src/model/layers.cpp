@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "kernels/quant.h"
+#include "loader/fp8_weights.h"
 
 namespace moe {
 
@@ -27,7 +28,10 @@ TensorRead norm_read(const std::string& prefix, int64_t n, int64_t layer) {
   return {prefix + ".weight", {n}, ShardRule::replicated(), 0, 1, layer};
 }
 
-Tensor load_f32(const Checkpoint& ck, const TensorRead& r) { return load_sharded(ck, r, DType::F32); }
+Tensor load_f32(const Checkpoint& ck, const TensorRead& r) {
+  if (is_fp8_weight(ck, r.key)) return dequantize_fp8(load_fp8_slice(ck, r), DType::F32);  // exact products
+  return load_sharded(ck, r, DType::F32);
+}
 
 Linear make_linear(const Tensor& w, DType compute, const Tensor& bias) {
   MOE_CHECK(w.ndim() == 2, "linear weight must be 2-D, got {}", w.describe());
@@ -39,7 +43,19 @@ Linear make_linear(const Tensor& w, DType compute, const Tensor& bias) {
 }
 
 Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute) {
-  return make_linear(load_f32(ck, r.weight), compute, r.bias ? load_f32(ck, *r.bias) : Tensor());
+  const Tensor bias = r.bias ? load_f32(ck, *r.bias) : Tensor();
+  if (compute == DType::BF16 && is_fp8_weight(ck, r.weight.key)) {
+    // Block-scaled FP8 stays e4m3 in memory; the GEMM dequantises it panel by panel.
+    const Fp8Slice s = load_fp8_slice(ck, r.weight);
+    MOE_CHECK(s.codes.ndim() == 2, "fp8 weight '{}': a linear layer's weight must be a matrix, got {}", r.weight.key,
+              s.codes.describe());
+    Linear l;
+    l.w = make_packed_fp8(1, s.rows(), s.cols(), /*gated=*/false, s.block_k);
+    pack_fp8(l.w, 0, s);
+    l.bias = bias;
+    return l;
+  }
+  return make_linear(load_f32(ck, r.weight), compute, bias);
 }
 
 void linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s, int64_t ldx,
@@ -67,10 +83,11 @@ void linear_forward(const Linear& l, const float* x, int64_t T, float* y, Linear
     quantize_rows_q8(q);
     a = s.a.raw();
     lda = rb;
-  } else if (l.w.dtype != DType::F32) {
-    if (!s.a.defined() || s.a.dtype() != l.w.dtype || s.a.numel() < T * K) s.a = Tensor::empty({T * K}, l.w.dtype);
+  } else if (l.w.act_dtype() != DType::F32) {
+    const DType at = l.w.act_dtype();  // bf16 (FP8 weights compute on bf16 activations too)
+    if (!s.a.defined() || s.a.dtype() != at || s.a.numel() < T * K) s.a = Tensor::empty({T * K}, at);
     for (int64_t t = 0; t < T; ++t)
-      convert_from_f32(x + t * ldx, static_cast<char*>(s.a.raw()) + t * K * dtype_size(l.w.dtype), l.w.dtype, K);
+      convert_from_f32(x + t * ldx, static_cast<char*>(s.a.raw()) + t * K * dtype_size(at), at, K);
     a = s.a.raw();
     lda = K;
   }

@@ -55,18 +55,22 @@ LinearRead linear_read(const std::string& prefix, int64_t out, int64_t in, bool 
 TensorRead norm_read(const std::string& prefix, int64_t n, int64_t layer = -1);
 
 // This rank's slice of r.key as an owned f32 copy (errors name the key, the file and
-// both shapes); only the slice's bytes are read.
+// both shapes); only the slice's bytes are read. An FP8 block-scaled tensor is
+// dequantised exactly (loader/fp8_weights.h).
 Tensor load_f32(const Checkpoint& ck, const TensorRead& r);
 
 struct Linear {
-  // 1 x [out_local, in_local]: the compute dtype (f32 or bf16), or I8 (W8A8: weights
-  // quantised per output channel at load, inputs per token in linear_forward).
+  // 1 x [out_local, in_local]: the compute dtype (f32 or bf16), I8 (W8A8: weights
+  // quantised per output channel at load, inputs per token in linear_forward), or
+  // F8E4M3 (a block-scaled FP8 checkpoint with bf16 compute: the codes as stored,
+  // dequantised inside the GEMM; loader/fp8_weights.h).
   PackedExperts w;
   Tensor bias;      // f32 [out_local], or undefined
   int64_t n_out() const { return w.n; }
   int64_t n_in() const { return w.k; }
 };
 
+// bf16 compute keeps an FP8 block-scaled weight as e4m3; f32 compute dequantises it.
 Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute);
 // Packs an f32 [out, in] matrix (tests, tied lm_head).
 Linear make_linear(const Tensor& w_f32, DType compute, const Tensor& bias = {});

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "loader/checkpoint.h"
+#include "loader/fp8_weights.h"
 #include "loader/inventory.h"
 #include "loader/moe_weights.h"
 #include "model/registry.h"
@@ -108,7 +109,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   }
 
   // The weights outside the MLP blocks, as model/weights.h describes them.
-  m->embed_ = load_sharded(ck, embed_read(c));  // a view of the mapping: rows are converted per token
+  // A view of the mapping (rows are converted per token); FP8 (no release quantises it,
+  // but a checkpoint may): dequantised at load.
+  m->embed_ = is_fp8_weight(ck, embed_read(c).key) ? load_f32(ck, embed_read(c)) : load_sharded(ck, embed_read(c));
   m->final_norm_ = load_f32(ck, final_norm_read(c));
   const DType linear_dt = opt.quantize_linears ? DType::I8 : opt.dtype;
   if (const auto lm = lm_head_read(c))
@@ -192,9 +195,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   ks.a_dim = a_dim;
   ks.b_dim = b_dim;
   ks.block_size = opt.kv_block_size;
+  ks.dtype = opt.kv_cache_dtype;
   MOE_CHECK(ks.block_size >= 1 && ks.block_size <= 4096, "KV block size {} out of range [1, 4096]", ks.block_size);
   if (opt.paged_kv) {
-    const uint64_t per_block = KvCacheShape::bytes_per_block(c.n_layers, ks.block_size, a_dim, b_dim);
+    const uint64_t per_block = KvCacheShape::bytes_per_block(c.n_layers, ks.block_size, a_dim, b_dim, ks.dtype);
     const uint64_t full = per_block * ks.n_slots * ks.blocks_per_slot();
     const uint64_t want = opt.kv_cache_bytes > 0 ? opt.kv_cache_bytes : std::min(full, ModelOptions::kDefaultPagedKvBytes);
     ks.n_blocks = static_cast<int64_t>(std::min(want, full) / per_block);

@@ -64,6 +64,9 @@ struct ModelOptions {
   // (0: enough for n_slots x max_seq, capped at kDefaultPagedKvBytes).
   bool paged_kv = false;
   uint64_t kv_cache_bytes = 0;
+  // --kv-cache-dtype: f32, or bf16 (KvCacheShape::dtype: half the bytes; kv_cache_bytes
+  // then holds twice the blocks).
+  DType kv_cache_dtype = DType::F32;
   static constexpr uint64_t kDefaultPagedKvBytes = uint64_t{4} << 30;
   Communicator* world = nullptr;  // nullptr or size 1: one rank; must outlive the model
   ParallelConfig par;

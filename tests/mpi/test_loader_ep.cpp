@@ -63,7 +63,20 @@ Bytes load_rank_share(const std::string& dir, int ep, int tp) {
   for (const auto& [kind, t] : inv.kinds)
     if (kind == TensorKind::Router || kind == TensorKind::SharedExperts || kind == TensorKind::DenseMlp)
       non_expert += t.bytes;
-  b.bound = non_expert + experts * static_cast<uint64_t>(pl.n_local(ep_rank)) / cfg.n_experts / tp + inv.header_bytes;
+  // FP8 experts: each MoE-TP rank reads its experts' block scales whole (loader/shard.h
+  // fp8_scale_read; a few bytes per 128 x 128 block) beside its share of the codes.
+  uint64_t scales = 0;
+  for (int64_t l = 0; l < cfg.n_layers; ++l)
+    for (const LayerRead& r : mlp_layer_reads(fresh, cfg, l, o)) {
+      const std::string skey = r.key + "_scale_inv";
+      if (r.role == LayerRead::Router || r.role == LayerRead::Bias || r.role == LayerRead::Shared ||
+          r.role == LayerRead::SharedGate || r.role == LayerRead::Dense || !fresh.has(skey))
+        continue;
+      const TensorInfo& si = fresh.info(skey);
+      scales += plan_shard(fp8_scale_read(r.tensor_read(), si.shape)).bytes_read(dtype_size(si.dtype));
+    }
+  b.bound = non_expert + experts * static_cast<uint64_t>(pl.n_local(ep_rank)) / cfg.n_experts / tp + scales +
+            inv.header_bytes;
   b.planned = read_plan(fresh, cfg, inv, ep, tp, DType::F32,
                         [&](int t, int n) { return model_reads(c, t, n); })[rank]
                   .read_bytes();

@@ -8,6 +8,7 @@
 #                                    SIGTERM on rank 0 ends every rank with 0
 #   serve_e2e.sh BIN MODEL kill      mpirun -np 2 --ep 2: rank 1 killed under load ends
 #                                    the job non-zero in bounded time, clients see errors
+# E2E_FLAGS (e.g. "--dtype bf16") go to every serve and generate command.
 # Every loop is bounded; only 127.0.0.1 is contacted.
 set -euo pipefail
 BIN=$(realpath "$1"); MODEL=$(realpath "$2"); MODE=$3
@@ -40,6 +41,8 @@ start_server() {
 }
 SERVE_FLAGS=(serve --model "$MODEL" --port 0 --served-model-name "$NAME" --api-key "$KEY" --max-model-len 128 --max-num-seqs 16
              --max-batch-tokens 32)
+read -r -a EXTRA <<< "${E2E_FLAGS:-}"
+SERVE_FLAGS+=("${EXTRA[@]}")
 
 post() {  # post PATH JSON -> body on stdout, status in $TMP/status
   curl -sS -m 60 -o "$TMP/body" -w '%{http_code}' -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
@@ -71,10 +74,10 @@ PROMPTS=("Hello, how are you?" "Write a haiku about the sea." "日本語で答�
 reference() {
   local args=()
   for p in "${PROMPTS[@]}"; do args+=(--chat "$p"); done
-  "$BIN" generate --model "$MODEL" "${args[@]}" --max-new-tokens $MAXTOK --output-json "$TMP/gen_chat.json" --quiet
+  "$BIN" generate --model "$MODEL" "${EXTRA[@]}" "${args[@]}" --max-new-tokens $MAXTOK --output-json "$TMP/gen_chat.json" --quiet
   args=()
   for p in "${PROMPTS[@]}"; do args+=(--prompt "$p"); done
-  "$BIN" generate --model "$MODEL" "${args[@]}" --max-new-tokens $MAXTOK --output-json "$TMP/gen_text.json" --quiet
+  "$BIN" generate --model "$MODEL" "${EXTRA[@]}" "${args[@]}" --max-new-tokens $MAXTOK --output-json "$TMP/gen_text.json" --quiet
 }
 
 check_answers() {  # every prompt: chat and completion, streamed and not, equal the reference
