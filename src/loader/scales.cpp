@@ -200,13 +200,15 @@ ScaleTensor pad_scale(const Tensor& v_in) {
 
 namespace {
 
-// Every value of a scale read from `key` must be finite and > 0.
-void check_positive(const Checkpoint& ck, int64_t layer, const std::string& key, const Tensor& f32) {
+// Every value of a scale read from `key` must be finite and > 0 (an activation step of 0
+// maps every input to one code); a weight channel's abs-max may be 0 (an all-zero row).
+void check_scale(const Checkpoint& ck, int64_t layer, const std::string& key, const Tensor& f32, ScaleKind kind) {
   const float* v = f32.data<float>();
+  const bool act = kind == ScaleKind::Activation;
   for (int64_t i = 0; i < f32.numel(); ++i)
-    MOE_CHECK(std::isfinite(v[i]) && v[i] > 0.0f,
-              "layer {}: scale '{}' in {} holds {} at index {} (must be finite and > 0)", layer, key, ck.file_of(key),
-              v[i], i);
+    MOE_CHECK(std::isfinite(v[i]) && (act ? v[i] > 0.0f : v[i] >= 0.0f),
+              "layer {}: scale '{}' in {} holds {} at index {} (must be finite and {})", layer, key, ck.file_of(key),
+              v[i], i, act ? "> 0" : ">= 0");
 }
 
 }  // namespace
@@ -231,7 +233,8 @@ LayerScales load_layer_scales(const Checkpoint& ck, const MoeConfig& cfg, const 
   // A scale as f32, checked finite and > 0.
   auto read = [&](const std::string& key) {
     Tensor v = ck.view(key).to(DType::F32);
-    check_positive(ck, layer, key, v);
+    const auto m = match_scale_key(cfg.family, key);
+    check_scale(ck, layer, key, v, m ? m->entry->kind : ScaleKind::Activation);
     return v;
   };
   auto check_dtype = [&](const std::string& key) {

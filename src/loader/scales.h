@@ -92,8 +92,9 @@ struct ScaleLoad {
 // experts [expert_begin, expert_end). Per-expert scales are stacked in local expert
 // order and must exist for every one of those experts. A shared up_gate activation
 // scale may be stored once (the FastDeploy key) or per expert, in which case all the
-// copies read must be equal. Every value must be finite and > 0 (a step of 0 or a NaN
-// would quantise every input to one code): an error names the key, the file, the index.
+// copies read must be equal. Every value must be finite, activation scales > 0 (a step
+// of 0 or a NaN would quantise every input to one code), weight abs-max values >= 0: an
+// error names the key, the file, the index.
 // The model's loaders read their static activation scales through this
 // (loader/quant_weights.h): the attention's, the dense MLPs', the shared experts' and
 // the routed experts'.
