@@ -86,6 +86,7 @@ int run_inspect(const InspectOptions& o) {
   } catch (const Error& e) {
     throw Error(fmt::format("{} (in {}/config.json)", e.what(), o.model_dir));
   }
+  apply_checkpoint_layout(ck, c);
   const MoeConfig& cfg = c.moe;
   const DType compute = parse_dtype(o.dtype);
   const Inventory inv = take_inventory(ck);

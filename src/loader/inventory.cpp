@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "core/check.h"
+#include "loader/scales.h"
 
 namespace moe {
 
@@ -139,7 +140,11 @@ std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfi
   // Outside the MLP blocks too a tensor may be block-scaled FP8 (attention, lm_head):
   // loader/fp8_weights.h checks its scales.
   for (const TensorRead& r : non_mlp)
-    if (auto p = tensor_problem(ck, r.key, r.shape, r.layer)) out.push_back(std::move(*p));
+    if (auto p = tensor_problem(ck, r.key, r.shape, r.layer)) {
+      // An int8 weight of FastDeploy's W8A8 attention: i8 is what it must be.
+      if (r.int8 && p->kind == TensorProblem::WrongDType && ck.info(r.key).dtype == DType::I8) continue;
+      out.push_back(std::move(*p));
+    }
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     for (auto& p : check_mlp_block(ck, cfg, l, 64)) out.push_back(std::move(p));
     for (auto& k : unexpected_mlp_tensors(ck, cfg, l))
@@ -157,6 +162,7 @@ std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfi
   for (const std::string& k : keys) {
     if (read.count(k)) continue;
     const int64_t l = layer_of_key(k);
+    if (l >= cfg.n_layers && l < cfg.n_layers + cfg.n_mtp_layers) continue;  // MTP: known, skipped (mtp_layer_keys)
     if (l >= cfg.n_layers) {
       out.push_back({TensorProblem::Unexpected, k,
                      fmt::format("unexpected tensor '{}' in {}: layer {} but num_hidden_layers={}", k, ck.file_of(k),
@@ -164,6 +170,9 @@ std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfi
       continue;
     }
     if (l >= 0) {
+      // Activation scales of the layer (attention's included), read by load_layer_scales.
+      if (auto m = match_scale_key(cfg.family, k); m && m->layer == l && m->entry->kind == ScaleKind::Activation)
+        continue;
       const auto blocks = mlp_block_prefixes(l);
       if (std::any_of(blocks.begin(), blocks.end(), [&](const std::string& b) { return k.starts_with(b); })) continue;
     }
@@ -171,6 +180,20 @@ std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfi
                    fmt::format("{}unexpected tensor '{}' in {} (the {} model does not read it)",
                                l >= 0 ? fmt::format("layer {}: ", l) : "", k, ck.file_of(k), cfg.model_type)});
   }
+  return out;
+}
+
+std::vector<std::string> mtp_layer_keys(const Checkpoint& ck, const MoeConfig& cfg) {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < cfg.n_mtp_layers; ++i)
+    for (std::string& k : ck.keys_with_prefix(fmt::format("model.layers.{}.", cfg.n_layers + i))) out.push_back(std::move(k));
+  return out;
+}
+
+std::vector<std::string> beyond_layer_keys(const Checkpoint& ck, const MoeConfig& cfg) {
+  std::vector<std::string> out;
+  for (const std::string& k : ck.keys())
+    if (layer_of_key(k) >= cfg.n_layers + cfg.n_mtp_layers) out.push_back(k);
   return out;
 }
 

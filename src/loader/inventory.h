@@ -66,6 +66,12 @@ std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, cons
 std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfig& cfg,
                                             const std::vector<TensorRead>& non_mlp);
 
+// The keys of the MTP layers the config declares (num_nextn_predict_layers: layers
+// [n_layers, n_layers + n_mtp_layers)), which the engine skips; and the keys of layers
+// past those, which the config does not know at all.
+std::vector<std::string> mtp_layer_keys(const Checkpoint& ck, const MoeConfig& cfg);
+std::vector<std::string> beyond_layer_keys(const Checkpoint& ck, const MoeConfig& cfg);
+
 // Reads one rank's share as the engine does and drops it: every tensor of `non_mlp`
 // through load_sharded, then every layer's MLP block through load_moe_layer /
 // load_dense_mlp with `opt` (packed), or with pack = false each MLP tensor's slice

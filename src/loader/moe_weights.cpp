@@ -57,6 +57,26 @@ void check_or_throw(const Checkpoint& ck, const std::string& key, const Shape& e
   if (auto p = tensor_problem(ck, key, expected, layer)) throw_error(__FILE__, __LINE__, p->message);
 }
 
+// tensor_problem of a read; an int8 read's weight may (and will, load_int8_linear checks)
+// be i8.
+std::optional<TensorProblem> read_problem(const Checkpoint& ck, const LayerRead& r, int64_t layer) {
+  auto p = tensor_problem(ck, r.key, r.full_shape, layer);
+  if (p && p->kind == TensorProblem::WrongDType && r.int8 && ck.info(r.key).dtype == DType::I8) return std::nullopt;
+  return p;
+}
+
+void check_read_or_throw(const Checkpoint& ck, const LayerRead& r, int64_t layer) {
+  if (auto p = read_problem(ck, r, layer)) throw_error(__FILE__, __LINE__, p->message);
+}
+
+// Shared experts split over MoE-TP would need an all-reduce the MoE block does not run.
+void check_shared_whole(const LayerRead& r, int64_t layer) {
+  MOE_CHECK(r.rule.kind == ShardKind::Replicated || r.size == 1,
+            "layer {}: shared expert tensor '{}' would be split over {} MoE-TP ranks ({}), but the MoE block runs the "
+            "shared experts sequence-parallel, whole on every rank (loader/shard.h moe_replicated_whitelist)",
+            layer, r.key, r.size, r.rule.describe());
+}
+
 Shape bias_shape(const Checkpoint& ck, const std::string& key, int64_t E) {
   // ERNIE stores the correction bias as [1, E]; the others as [E].
   return ck.has(key) && ck.info(key).shape.size() == 2 ? Shape{1, E} : Shape{E};
@@ -185,17 +205,32 @@ std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cf
                  int size = 1) {
     r.push_back({std::move(key), std::move(shape), rule, rank, size, role, expert});
   };
-  auto gated = [&](const std::string& prefix, int64_t Im, LayerRead::Role role) {
-    add(prefix + ".gate_proj.weight", {Im, H}, ShardRule::replicated(), role);
-    add(prefix + ".up_proj.weight", {Im, H}, ShardRule::replicated(), role);
-    add(prefix + ".down_proj.weight", {H, Im}, ShardRule::replicated(), role);
+  const int tr = opt.tp_rank, ts = opt.tp_size;
+  // A gated MLP: float gate/up/down [out, in], or FastDeploy's int8 up_gate/down [in, out]
+  // with their weight scales. `tp`: the shared experts' TP rules through the whitelist.
+  auto gated = [&](const std::string& prefix, int64_t Im, LayerRead::Role role, bool tp) {
+    const std::string rel = prefix.substr(fmt::format("model.layers.{}.", layer).size());
+    if (is_int8_gated_mlp(ck, layer, rel)) {
+      for (const TensorRead& t : int8_gated_mlp_reads(layer, rel, H, Im)) {
+        add(t.key, t.shape, t.rule, role);
+        r.back().int8 = t.key.ends_with(".weight");
+      }
+      return;
+    }
+    auto rule = [&](const std::string& key, ShardRule split) {
+      const ShardRule ru = tp ? apply_whitelist(key, split, moe_replicated_whitelist()) : ShardRule::replicated();
+      add(key, key.ends_with("down_proj.weight") ? Shape{H, Im} : Shape{Im, H}, ru, role, -1,
+          ru.kind == ShardKind::Replicated ? 0 : tr, ru.kind == ShardKind::Replicated ? 1 : ts);
+    };
+    rule(prefix + ".gate_proj.weight", ShardRule::column());
+    rule(prefix + ".up_proj.weight", ShardRule::column());
+    rule(prefix + ".down_proj.weight", ShardRule::row());
   };
   if (!cfg.is_moe_layer(layer)) {
-    gated(keys.dense_prefix, cfg.dense_intermediate_size, LayerRead::Dense);
+    gated(keys.dense_prefix, cfg.dense_intermediate_size, LayerRead::Dense, false);
     return r;
   }
   const int64_t b = opt.expert_begin, e = opt.expert_end < 0 ? E : opt.expert_end;
-  const int tr = opt.tp_rank, ts = opt.tp_size;
   add(keys.router, {E, H}, ShardRule::replicated(), LayerRead::Router);
   if (cfg.routing.use_correction_bias)
     add(keys.correction_bias, bias_shape(ck, keys.correction_bias, E), ShardRule::replicated(), LayerRead::Bias);
@@ -213,8 +248,12 @@ std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cf
     }
   }
   if (cfg.shared_intermediate_size > 0) {
-    gated(keys.shared_prefix, cfg.shared_intermediate_size, LayerRead::Shared);
-    if (cfg.shared_expert_gate) add(keys.shared_gate, {1, H}, ShardRule::replicated(), LayerRead::SharedGate);
+    gated(keys.shared_prefix, cfg.shared_intermediate_size, LayerRead::Shared, true);
+    if (cfg.shared_expert_gate) {
+      const ShardRule ru = apply_whitelist(keys.shared_gate, ShardRule::column(), moe_replicated_whitelist());
+      add(keys.shared_gate, {1, H}, ru, LayerRead::SharedGate, -1, ru.kind == ShardKind::Replicated ? 0 : tr,
+          ru.kind == ShardKind::Replicated ? 1 : ts);
+    }
   }
   return r;
 }
@@ -252,7 +291,7 @@ std::vector<TensorProblem> check_mlp_block(const Checkpoint& ck, const MoeConfig
   }
   for (const LayerRead& r : mlp_layer_reads(ck, cfg, layer, {})) {
     if (out.size() >= max_problems) break;
-    if (auto p = tensor_problem(ck, r.key, r.full_shape, layer)) out.push_back(*p);
+    if (auto p = read_problem(ck, r, layer)) out.push_back(*p);
   }
   return out;
 }
@@ -267,7 +306,9 @@ std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeC
   const bool moe = cfg.is_moe_layer(layer);
   std::vector<std::string> known;
   auto gated = [&](const std::string& p) {
-    for (const char* m : {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"}) known.push_back(p + m);
+    // float gate/up/down, or FastDeploy's int8 up_gate_proj (scales: the scale table)
+    for (const char* m : {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight", ".up_gate_proj.weight"})
+      known.push_back(p + m);
   };
   if (moe) {
     known.push_back(keys.router);
@@ -323,7 +364,7 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   check_or_throw(ck, mlp_keys(cfg, layer, &ck).router, {E, H}, layer);
   report_unexpected(ck, cfg, layer, opt);
   const std::vector<LayerRead> reads = mlp_layer_reads(ck, cfg, layer, opt);
-  for (const LayerRead& r : reads) check_or_throw(ck, r.key, r.full_shape, layer);
+  for (const LayerRead& r : reads) check_read_or_throw(ck, r, layer);
   const QuantFormat qf = detect_quant_format(ck, cfg, layer);  // int8 experts in the file
   for (const TensorProblem& p : check_quant_experts(ck, cfg, layer, qf, w.expert_begin, w.expert_end, 1))
     throw_error(__FILE__, __LINE__, p.message);
@@ -348,8 +389,8 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
       case LayerRead::ExpertDown: down[r.expert - w.expert_begin] = &r; break;
       case LayerRead::FusedGateUp: fused_gu = &r; break;
       case LayerRead::FusedDown: fused_dn = &r; break;
-      case LayerRead::Shared: shared.push_back(&r); break;
-      case LayerRead::SharedGate: sgate = &r; break;
+      case LayerRead::Shared: check_shared_whole(r, layer); shared.push_back(&r); break;
+      case LayerRead::SharedGate: check_shared_whole(r, layer); sgate = &r; break;
       case LayerRead::Dense: break;
     }
   }
@@ -451,7 +492,10 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   if (err) std::rethrow_exception(err);
 
   if (!shared.empty()) {
-    w.shared = load_gated(ck, *shared[0], *shared[1], *shared[2], cfg.act, opt.compute);
+    const MlpKeys mk = mlp_keys(cfg, layer, &ck);
+    w.shared = shared[0]->int8 ? load_int8_gated_mlp(ck, cfg, layer, mk.shared_prefix.substr(fmt::format("model.layers.{}.", layer).size()),
+                                                     cfg.shared_intermediate_size)
+                               : load_gated(ck, *shared[0], *shared[1], *shared[2], cfg.act, opt.compute);
     if (sgate) w.shared_gate = load_read(ck, *sgate, DType::F32).reshape({H});
   }
   // A fault on one tensor's first page maps the neighbouring cached pages too (the
@@ -471,7 +515,8 @@ GatedMlpWeights load_dense_mlp(const Checkpoint& ck, const MoeConfig& cfg, int64
             dtype_name(opt.compute));
   report_unexpected(ck, cfg, layer, opt);
   const std::vector<LayerRead> reads = mlp_layer_reads(ck, cfg, layer, opt);
-  for (const LayerRead& r : reads) check_or_throw(ck, r.key, r.full_shape, layer);
+  for (const LayerRead& r : reads) check_read_or_throw(ck, r, layer);
+  if (reads[0].int8) return load_int8_gated_mlp(ck, cfg, layer, "mlp", cfg.dense_intermediate_size);
   return load_gated(ck, reads[0], reads[1], reads[2], cfg.act, opt.compute);
 }
 

@@ -81,11 +81,18 @@ struct LayerRead {
   int rank = 0, size = 1;  // the group the rule slices over (MoE-TP for experts)
   enum Role { Router, Bias, ExpertGate, ExpertUp, ExpertDown, FusedGateUp, FusedDown, Shared, SharedGate, Dense } role;
   int64_t expert = -1;  // per-expert keys: the global expert id
+  // A FastDeploy int8 weight (Paddle [in, out]) of a dense MLP or the shared experts, or
+  // its weight_scale: read by loader/quant_weights.h load_int8_gated_mlp.
+  bool int8 = false;
   TensorRead tensor_read() const { return {key, full_shape, rule, rank, size}; }
 };
 // Every tensor load_moe_layer / load_dense_mlp reads for `layer` with `opt`, in the
 // order it reads them; checks nothing. With per_expert vs fused chosen as the loader
-// does (from which keys the checkpoint has).
+// does (from which keys the checkpoint has). The shared experts get the tensor-parallel
+// rules of a dense MLP over the MoE-TP group (gate/up column, down row) passed through
+// the replicated whitelist (loader/shard.h moe_replicated_whitelist), which keeps them
+// whole: the MoE block runs them sequence-parallel. The dense MLP layers are replicated
+// (Model::mlp runs them whole on every rank, with no TP all-reduce after them).
 std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
                                        const MlpLoadOptions& opt);
 // Bytes the loader reads for those reads (loader/shard.h read_bytes).

@@ -395,6 +395,17 @@ void load_static(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, cons
   w.act_scale_all = Tensor::empty({E}, DType::F32);
   for (int64_t g = 0; g < E; ++g) w.act_scale_all.data<float>()[g] = s1;
 
+  // GEMM2: one abs-max per local expert, stacked [E_l] by the scale table's loader.
+  ScaleLoad sl;
+  sl.layer = layer;
+  sl.expert_begin = b;
+  sl.expert_end = b + n_local;
+  sl.activations_only = true;
+  const LayerScales ls = load_layer_scales(ck, cfg, sl);
+  const ScaleTensor* dn_act = n_local > 0 ? ls.find("mlp.experts.down_proj_in_scale") : nullptr;
+  MOE_CHECK(n_local == 0 || (dn_act && dn_act->numel() == n_local),
+            "layer {}: the experts' down_proj activation scales ('{}') must be one value per expert", layer,
+            fd_keys(P, layer, b).dn_act);
   std::vector<float> s2(n_local);
   for_each_local_expert(n_local, [&](int64_t le) {
     const FdKeys K = fd_keys(P, layer, b + le);
@@ -407,7 +418,7 @@ void load_static(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, cons
     pack_expert_q8(w.w2, le, transpose_i8(dn), absmax_to_step(dns));
     release_sharded(ck, K.ug_w, {H, 2 * I}, ShardRule::expert_local(1, 2), tr, ts);  // packed: pages leave
     release_sharded(ck, K.dn_w, {I, H}, ShardRule::expert_local(0), tr, ts);
-    s2[le] = load_scalar(ck, K.dn_act, layer, act_what) / 127.0f;
+    s2[le] = dn_act->at(le) / 127.0f;
     if (opt.progress) opt.progress->advance(ug.nbytes() + dn.nbytes());
   });
   for (int64_t le = 0; le < n_local; ++le) {
@@ -477,6 +488,168 @@ void load_quant_experts(const Checkpoint& ck, const MoeConfig& cfg, int64_t laye
     load_smoothquant(ck, cfg, layer, opt, w);
   else
     load_static(ck, cfg, layer, opt, w);
+}
+
+// ---- FastDeploy W8A8 linear layers outside the routed experts ------------------------
+
+bool is_int8_weight(const Checkpoint& ck, const std::string& prefix) {
+  const std::string key = prefix + ".weight";
+  return ck.has(key) && ck.info(key).dtype == DType::I8;
+}
+
+Int8LinearRead int8_linear_read(const Int8LinearSpec& s) {
+  const std::string p = fmt::format("model.layers.{}.{}", s.layer, s.module);
+  Int8LinearRead r;
+  r.layer = s.layer;
+  r.act_scale = s.module + ".act_scale";  // the scale table's engine name
+  ShardRule w = ShardRule::replicated(), sc = ShardRule::replicated();
+  const int size = s.split == Int8LinearSpec::Replicated ? 1 : s.size;
+  const int rank = s.split == Int8LinearSpec::Replicated ? 0 : s.rank;
+  if (s.split == Int8LinearSpec::Column) {
+    w = ShardRule::column(/*dim=*/1);  // Paddle [in, out]: the output dim is dim 1
+    sc = ShardRule::column(0);
+  } else if (s.split == Int8LinearSpec::Row) {
+    w = ShardRule::row(/*dim=*/0);  // the input dim is dim 0; every rank needs all out scales
+  }
+  if (s.out_len >= 0) {
+    w.dim = 1;
+    w = w.window(s.out_begin, s.out_len);
+    sc = sc.window(s.out_begin, s.out_len);
+  }
+  r.weight = {p + ".weight", {s.in, s.out}, w, rank, size, s.layer, /*int8=*/true};
+  r.weight_scale = {p + ".weight_scale", {s.out}, sc, s.split == Int8LinearSpec::Row ? 0 : rank,
+                    s.split == Int8LinearSpec::Row ? 1 : size, s.layer};
+  return r;
+}
+
+namespace {
+
+// The checkpoint key of a layer-scope activation scale, by its engine name.
+std::string act_scale_key(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, const std::string& engine) {
+  std::string first;
+  for (const ScaleMapEntry& e : scale_map(cfg.family))
+    if (e.engine == engine && e.scope == ScaleScope::Layer && e.kind == ScaleKind::Activation) {
+      const std::string k = fmt::format("model.layers.{}.{}", layer, e.checkpoint);
+      if (ck.has(k)) return k;
+      if (first.empty()) first = k;
+    }
+  return first.empty() ? engine : first;
+}
+
+// The static step (abs-max / 127) of `engine` in `scales`: present and one value.
+float act_step(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, const LayerScales& scales,
+               const std::string& engine, const std::string& weight_key) {
+  const ScaleTensor* t = scales.find(engine);
+  MOE_CHECK(t, "layer {}: activation scale '{}' missing from checkpoint {} (the static scale of the input of the "
+            "int8 weight '{}'; expected f32/bf16/f16 [] or [1])",
+            layer, act_scale_key(ck, cfg, layer, engine), ck.dir(), weight_key);
+  MOE_CHECK(t->numel() == 1, "layer {}: activation scale '{}' in {} has shape {}, expected [] or [1] (one static "
+            "scale for the input of '{}')",
+            layer, t->key, ck.file_of(t->key), shape_str(t->valid_shape), weight_key);
+  return t->at(0) / 127.0f;
+}
+
+void throw_first(const Problems& p) {
+  if (!p.list.empty()) throw_error(__FILE__, __LINE__, p.list[0].message);
+}
+
+}  // namespace
+
+PackedExperts load_int8_linear(const Checkpoint& ck, const MoeConfig& cfg, const Int8LinearRead& r,
+                               const LayerScales& scales) {
+  Problems pr;
+  pr.max = 1;
+  check_tensor(ck, r.layer, r.weight.key, {r.weight.shape}, Want::Int8, "an int8 weight, Paddle layout [in, out]", pr);
+  check_tensor(ck, r.layer, r.weight_scale.key, {{r.weight.shape[1]}}, Want::Float,
+               fmt::format("one abs-max per output channel of '{}' {}", r.weight.key, shape_str(r.weight.shape)), pr);
+  throw_first(pr);
+  const float step = act_step(ck, cfg, r.layer, scales, r.act_scale, r.weight.key);
+  const TensorRead& sr = r.weight_scale;
+  const Tensor q = load_sharded(ck, r.weight);  // [in_l, out_l] int8
+  const Tensor ws = positive_f32(ck, load_sharded(ck, sr, DType::F32), sr.key, r.layer, "weight_scale");
+  const int64_t n = q.dim(1), k = q.dim(0);
+  MOE_CHECK(ws.numel() == n, "internal: '{}' gives {} scales for {} output channels", sr.key, ws.numel(), n);
+  PackedExperts p = make_packed_experts(1, n, k, DType::I8, /*gated=*/false);
+  pack_expert_q8(p, 0, transpose_i8(q), absmax_to_step(ws.clone()));
+  set_expert_act_scale(p, 0, step);
+  return p;
+}
+
+bool is_int8_gated_mlp(const Checkpoint& ck, int64_t layer, const std::string& block) {
+  return is_int8_weight(ck, fmt::format("model.layers.{}.{}.up_gate_proj", layer, block));
+}
+
+std::vector<TensorRead> int8_gated_mlp_reads(int64_t layer, const std::string& block, int64_t H, int64_t I) {
+  Int8LinearSpec ug{layer, block + ".up_gate_proj", H, 2 * I}, dn{layer, block + ".down_proj", I, H};
+  const Int8LinearRead a = int8_linear_read(ug), b = int8_linear_read(dn);
+  return {a.weight, a.weight_scale, b.weight, b.weight_scale};
+}
+
+GatedMlpWeights load_int8_gated_mlp(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, const std::string& block,
+                                    int64_t I) {
+  const int64_t H = cfg.hidden_size;
+  ScaleLoad sl;
+  sl.layer = layer;
+  sl.expert_begin = sl.expert_end = 0;  // no routed expert's scales
+  sl.activations_only = true;
+  const LayerScales scales = load_layer_scales(ck, cfg, sl);
+  const Int8LinearRead ug = int8_linear_read({layer, block + ".up_gate_proj", H, 2 * I});
+  const Int8LinearRead dn = int8_linear_read({layer, block + ".down_proj", I, H});
+  // Packed as one linear each, then moved into the gated layout: W13's rows are gate
+  // rows then up rows, as the experts' (pack_expert_q8 on a gated PackedExperts).
+  const PackedExperts a = load_int8_linear(ck, cfg, ug, scales), b = load_int8_linear(ck, cfg, dn, scales);
+  GatedMlpWeights w;
+  w.act = cfg.act;
+  w.w13 = make_packed_experts(1, 2 * I, H, DType::I8, /*gated=*/true);
+  Tensor q, st;
+  unpack_expert_q8(a, 0, q, st);
+  pack_expert_q8(w.w13, 0, q, st);
+  set_expert_act_scale(w.w13, 0, a.act_scale.data<float>()[0]);
+  w.w2 = b;
+  return w;
+}
+
+AttentionQuantScales load_attention_quant_scales(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
+                                                 int64_t kv_dim, int rank, int size) {
+  ScaleLoad sl;
+  sl.layer = layer;
+  sl.expert_begin = sl.expert_end = 0;
+  sl.activations_only = true;
+  const LayerScales scales = load_layer_scales(ck, cfg, sl);
+  AttentionQuantScales out;
+  const ScaleTensor* k = scales.find("self_attn.attn.cache_k_scale");
+  const ScaleTensor* v = scales.find("self_attn.attn.cache_v_scale");
+  MOE_CHECK(!k == !v, "layer {}: int8 KV cache scale '{}' is in checkpoint {} but '{}' is not (K and V are cached "
+            "together: both or neither)",
+            layer, k ? k->key : v->key, ck.dir(),
+            act_scale_key(ck, cfg, layer, k ? "self_attn.attn.cache_v_scale" : "self_attn.attn.cache_k_scale"));
+  auto steps = [&](const ScaleTensor& t) {
+    const int64_t n = t.numel();
+    MOE_CHECK(n == 1 || (t.valid_shape.size() == 1 && n == kv_dim),
+              "layer {}: KV cache scale '{}' in {} has shape {}, expected [] or [1] (one per tensor) or [{}] (one per "
+              "key/value channel)",
+              layer, t.key, ck.file_of(t.key), shape_str(t.valid_shape), kv_dim);
+    if (n == 1) {
+      Tensor s = Tensor::empty({1}, DType::F32);
+      s.data<float>()[0] = t.at(0) / 127.0f;
+      return s;
+    }
+    const auto [b, e] = shard_range(fmt::format("KV cache scale '{}'", t.key), n, rank, size);
+    Tensor s = Tensor::empty({e - b}, DType::F32);
+    for (int64_t i = b; i < e; ++i) s.data<float>()[i - b] = t.at(i) / 127.0f;
+    return s;
+  };
+  if (k) {
+    out.cache_k = steps(*k);
+    out.cache_v = steps(*v);
+  }
+  for (const char* eng : {"self_attn.attn.q_scale", "self_attn.attn.s_scale"})
+    if (const ScaleTensor* t = scales.find(eng)) {
+      MOE_CHECK(t->numel() == 1, "layer {}: attention matmul scale '{}' in {} has shape {}, expected [] or [1]", layer,
+                t->key, ck.file_of(t->key), shape_str(t->valid_shape));
+      out.has_qs = true;
+    }
+  return out;
 }
 
 }  // namespace moe

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <mutex>
 
@@ -165,6 +166,17 @@ std::optional<ScaleMatch> match_scale_key(Family f, const std::string& key) {
   return std::nullopt;
 }
 
+int64_t ScaleTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : valid_shape) n *= d;
+  return n;
+}
+
+float ScaleTensor::at(int64_t i) const {
+  const int64_t n = valid_shape.empty() ? 1 : valid_shape.back(), np = data.dim(-1);
+  return data.data<float>()[i / n * np + i % n];
+}
+
 const ScaleTensor* LayerScales::find(const std::string& engine) const {
   auto it = tensors.find(engine);
   return it == tensors.end() ? nullptr : &it->second;
@@ -186,13 +198,45 @@ ScaleTensor pad_scale(const Tensor& v_in) {
   return out;
 }
 
+namespace {
+
+// Every value of a scale read from `key` must be finite and > 0 (an activation step of 0
+// maps every input to one code); a weight channel's abs-max may be 0 (an all-zero row).
+void check_scale(const Checkpoint& ck, int64_t layer, const std::string& key, const Tensor& f32, ScaleKind kind) {
+  const float* v = f32.data<float>();
+  const bool act = kind == ScaleKind::Activation;
+  for (int64_t i = 0; i < f32.numel(); ++i)
+    MOE_CHECK(std::isfinite(v[i]) && (act ? v[i] > 0.0f : v[i] >= 0.0f),
+              "layer {}: scale '{}' in {} holds {} at index {} (must be finite and {})", layer, key, ck.file_of(key),
+              v[i], i, act ? "> 0" : ">= 0");
+}
+
+}  // namespace
+
 LayerScales load_layer_scales(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, int64_t expert_begin,
                               int64_t expert_end) {
+  ScaleLoad w;
+  w.layer = layer;
+  w.expert_begin = expert_begin;
+  w.expert_end = expert_end;
+  return load_layer_scales(ck, cfg, w);
+}
+
+LayerScales load_layer_scales(const Checkpoint& ck, const MoeConfig& cfg, const ScaleLoad& what) {
+  const int64_t layer = what.layer;
+  int64_t expert_begin = what.expert_begin, expert_end = what.expert_end;
   const int64_t E = cfg.n_experts;
   if (expert_end < 0) expert_end = E;
   MOE_CHECK(0 <= expert_begin && expert_begin <= expert_end && expert_end <= E, "expert range [{}, {}) outside [0, {})",
             expert_begin, expert_end, E);
   const std::string prefix = fmt::format("model.layers.{}.", layer);
+  // A scale as f32, checked finite and > 0.
+  auto read = [&](const std::string& key) {
+    Tensor v = ck.view(key).to(DType::F32);
+    const auto m = match_scale_key(cfg.family, key);
+    check_scale(ck, layer, key, v, m ? m->entry->kind : ScaleKind::Activation);
+    return v;
+  };
   auto check_dtype = [&](const std::string& key) {
     const TensorInfo& ti = ck.info(key);
     MOE_CHECK(ti.dtype == DType::F32 || ti.dtype == DType::BF16 || ti.dtype == DType::F16,
@@ -207,12 +251,14 @@ LayerScales load_layer_scales(const Checkpoint& ck, const MoeConfig& cfg, int64_
   for (const std::string& key : ck.keys_with_prefix(prefix)) {
     const auto m = match_scale_key(cfg.family, key);
     if (!m || m->layer != layer) continue;
+    if (what.activations_only && m->entry->kind != ScaleKind::Activation) continue;
     switch (m->entry->scope) {
       case ScaleScope::Layer: {
         check_dtype(key);
         MOE_CHECK(!out.tensors.count(m->engine), "layer {}: two checkpoint tensors map to scale '{}' (one is '{}')",
                   layer, m->engine, key);
-        out.tensors[m->engine] = pad_scale(ck.view(key));
+        out.tensors[m->engine] = pad_scale(read(key));
+        out.tensors[m->engine].key = key;
         break;
       }
       case ScaleScope::SharedByExperts:
@@ -228,10 +274,10 @@ LayerScales load_layer_scales(const Checkpoint& ck, const MoeConfig& cfg, int64_
   for (const auto& [engine, keys] : shared_keys) {
     // One value for every expert: read the first copy; any others must be equal.
     const TensorInfo first = check_dtype(keys[0]);
-    const Tensor v0 = ck.view(keys[0]).to(DType::F32);
+    const Tensor v0 = read(keys[0]);
     for (size_t i = 1; i < keys.size(); ++i) {
       check_dtype(keys[i]);
-      const Tensor vi = ck.view(keys[i]).to(DType::F32);
+      const Tensor vi = read(keys[i]);
       MOE_CHECK(vi.numel() == v0.numel() && std::memcmp(vi.raw(), v0.raw(), v0.nbytes()) == 0,
                 "layer {}: '{}' differs from '{}': the experts' up_gate_proj activation scale must be one value "
                 "shared by all experts",
@@ -239,6 +285,7 @@ LayerScales load_layer_scales(const Checkpoint& ck, const MoeConfig& cfg, int64_
     }
     (void)first;
     out.tensors[engine] = pad_scale(v0);
+    out.tensors[engine].key = keys[0];
   }
   for (const auto& [engine, e] : per_expert) {
     const int64_t n_local = expert_end - expert_begin;
@@ -258,13 +305,14 @@ LayerScales load_layer_scales(const Checkpoint& ck, const MoeConfig& cfg, int64_
       }
       MOE_CHECK(s == one, "layer {}: scale '{}' in {} has shape {}, expected {} like expert {}", layer, key,
                 ck.file_of(key), shape_str(s), shape_str(one), expert_begin);
-      const Tensor v = ck.view(key).to(DType::F32);
+      const Tensor v = read(key);
       std::memcpy(stacked.data<float>() + (g - expert_begin) * v.numel(), v.raw(), v.nbytes());
     }
     if (!stacked.defined()) continue;  // no local experts
     // Scalars per expert become one vector [E_l]: the kernel indexes it by local id.
     if (one == Shape{1}) stacked = stacked.reshape({n_local});
     out.tensors[engine] = pad_scale(stacked);
+    out.tensors[engine].key = prefix + fill(e->checkpoint, expert_begin);
   }
   return out;
 }

@@ -68,6 +68,10 @@ std::optional<ScaleMatch> match_scale_key(Family f, const std::string& key);
 struct ScaleTensor {
   Tensor data;        // f32, last dim padded with zeros to a multiple of 32 elements
   Shape valid_shape;  // the logical shape ([E_l] or [E_l, N] for per-expert scales)
+  std::string key;    // the checkpoint key it came from (the first one, for stacked scales)
+  int64_t numel() const;  // of valid_shape
+  // Value i of the valid part, in row-major order of valid_shape.
+  float at(int64_t i) const;
 };
 
 struct LayerScales {
@@ -76,11 +80,25 @@ struct LayerScales {
   const ScaleTensor* find(const std::string& engine) const;
 };
 
+struct ScaleLoad {
+  int64_t layer = 0;
+  int64_t expert_begin = 0, expert_end = -1;  // routed experts read (expert_end < 0: all)
+  // Only ScaleKind::Activation entries: the model's int8 loaders read weight scales
+  // beside their weights, sliced by the same TP rule (loader/quant_weights.h).
+  bool activations_only = false;
+};
+
 // Loads every scale of `layer` the family's table knows, reading only the routed
-// experts [expert_begin, expert_end) (expert_end < 0: all). Per-expert scales are
-// stacked in local expert order and must exist for every one of those experts.
-// A shared up_gate activation scale may be stored once (the FastDeploy key) or per
-// expert, in which case all the copies read must be equal.
+// experts [expert_begin, expert_end). Per-expert scales are stacked in local expert
+// order and must exist for every one of those experts. A shared up_gate activation
+// scale may be stored once (the FastDeploy key) or per expert, in which case all the
+// copies read must be equal. Every value must be finite, activation scales > 0 (a step
+// of 0 or a NaN would quantise every input to one code), weight abs-max values >= 0: an
+// error names the key, the file, the index.
+// The model's loaders read their static activation scales through this
+// (loader/quant_weights.h): the attention's, the dense MLPs', the shared experts' and
+// the routed experts'.
+LayerScales load_layer_scales(const Checkpoint& ck, const MoeConfig& cfg, const ScaleLoad& what);
 LayerScales load_layer_scales(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, int64_t expert_begin = 0,
                               int64_t expert_end = -1);
 

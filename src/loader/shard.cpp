@@ -18,12 +18,13 @@ const char* shard_kind_name(ShardKind k) {
 }
 
 std::string ShardRule::describe() const {
-  if (kind == ShardKind::Replicated || kind == ShardKind::RowBias) return shard_kind_name(kind);
+  const std::string win = windowed() ? fmt::format(" window [{}, {}) of dim {}", window_begin, window_begin + window_len, dim) : "";
+  if (kind == ShardKind::Replicated || kind == ShardKind::RowBias) return shard_kind_name(kind) + win;
   std::string s = fmt::format("{}(", shard_kind_name(kind));
   if (kind == ShardKind::ExpertLocal && expert_end >= 0) s += fmt::format("experts [{}, {}), ", expert_begin, expert_end);
   s += fmt::format("dim {}", dim);
   if (parts > 1) s += fmt::format(" x{}", parts);
-  return s + ")";
+  return s + ")" + win;
 }
 
 std::pair<int64_t, int64_t> shard_range(const std::string& what, int64_t n, int rank, int size) {
@@ -36,8 +37,17 @@ std::pair<int64_t, int64_t> shard_range(const std::string& what, int64_t n, int 
 
 ShardRule apply_whitelist(const std::string& key, const ShardRule& rule, const std::vector<std::string>& whitelist) {
   for (const auto& w : whitelist)
-    if (!w.empty() && key.find(w) != std::string::npos) return ShardRule::replicated();
+    if (!w.empty() && key.find(w) != std::string::npos) {
+      ShardRule r = ShardRule::replicated();
+      r.dim = rule.dim;
+      return rule.windowed() ? r.window(rule.window_begin, rule.window_len) : r;
+    }
   return rule;
+}
+
+const std::vector<std::string>& moe_replicated_whitelist() {
+  static const std::vector<std::string> w = {".shared_expert.", ".shared_expert_gate.", ".shared_experts."};
+  return w;
 }
 
 uint64_t ShardPlan::elems_read() const {
@@ -77,13 +87,14 @@ ShardPlan plan_shard(const std::string& key, const Shape& full, const ShardRule&
   ShardPlan p;
   int64_t numel = 1;
   for (int64_t d : full) numel *= d;
-  if (rule.kind == ShardKind::Replicated || (size == 1 && rule.kind != ShardKind::ExpertLocal)) {
+  const bool whole = rule.kind == ShardKind::Replicated || (size == 1 && rule.kind != ShardKind::ExpertLocal);
+  if (whole && !rule.windowed()) {
     p.out_shape = full;
     add_piece(p.runs, 0, numel);
     p.contiguous_out = true;
     return p;
   }
-  if (rule.kind == ShardKind::RowBias) {
+  if (rule.kind == ShardKind::RowBias && !rule.windowed()) {
     p.out_shape = full;
     if (rank == 0) {
       add_piece(p.runs, 0, numel);
@@ -111,12 +122,25 @@ ShardPlan plan_shard(const std::string& key, const Shape& full, const ShardRule&
   const int dim = rule.dim < 0 ? rule.dim + ni : rule.dim;
   MOE_CHECK(dim >= 0 && dim < ni, "tensor '{}' of shape {}: cannot shard dim {} ({})", key, shape_str(full), rule.dim,
             rule.describe());
+  // The window of the sliced dim (the whole dim without one).
+  const int64_t wb = rule.windowed() ? rule.window_begin : 0, wn = rule.windowed() ? rule.window_len : inner[dim];
+  MOE_CHECK(wb >= 0 && wn >= 0 && wb + wn <= inner[dim], "tensor '{}' of shape {}: window [{}, {}) of dim {} outside [0, {})",
+            key, shape_str(full), wb, wb + wn, dim, inner[dim]);
+  if (rule.kind == ShardKind::RowBias && rank != 0) {  // windowed row bias: zeros on every rank but 0
+    p.out_shape = inner;
+    p.out_shape[dim] = wn;
+    p.zero_fill = true;
+    return p;
+  }
   const int parts = rule.parts;
-  MOE_CHECK(parts >= 1 && inner[dim] % parts == 0, "tensor '{}' of shape {}: dim {} ({}) is not {} equal blocks", key,
-            shape_str(full), dim, inner[dim], parts);
-  const int64_t block = inner[dim] / parts;
-  const auto [s0, s1] = shard_range(fmt::format("tensor '{}' ({} {}, dim {})", key, rule.describe(), shape_str(full), dim),
-                                    block, rank, size);
+  MOE_CHECK(parts >= 1 && wn % parts == 0, "tensor '{}' of shape {}: dim {} ({}) is not {} equal blocks", key,
+            shape_str(full), dim, wn, parts);
+  const int64_t block = wn / parts;
+  // A replicated (or row-bias) rule on a window, or a group of 1: the whole window.
+  const bool one = whole || rule.kind == ShardKind::RowBias;
+  const auto [s0, s1] =
+      shard_range(fmt::format("tensor '{}' ({} {}, dim {})", key, rule.describe(), shape_str(full), dim), block,
+                  one ? 0 : rank, one ? 1 : size);
   int64_t outer = 1, after = 1;
   for (int d = 0; d < dim; ++d) outer *= inner[d];
   for (int d = dim + 1; d < ni; ++d) after *= inner[d];
@@ -127,7 +151,7 @@ ShardPlan plan_shard(const std::string& key, const Shape& full, const ShardRule&
   for (int64_t e = e0; e < e1; ++e)
     for (int64_t o = 0; o < outer; ++o)
       for (int q = 0; q < parts; ++q)
-        add_piece(p.runs, (stacked ? e * expert_elems : 0) + o * inner[dim] * after + (q * block + s0) * after,
+        add_piece(p.runs, (stacked ? e * expert_elems : 0) + o * inner[dim] * after + (wb + q * block + s0) * after,
                   (s1 - s0) * after);
   p.contiguous_out = p.runs.empty() || (p.runs.size() == 1 && p.runs[0].count == 1);
   return p;
@@ -137,6 +161,8 @@ std::vector<int64_t> shard_index_map(const std::string& key, const Shape& full, 
                                      int size, int out_dim) {
   const int nd = static_cast<int>(full.size());
   MOE_CHECK(out_dim >= 0 && out_dim < nd, "tensor '{}' of shape {}: no dim {}", key, shape_str(full), out_dim);
+  MOE_CHECK(!rule.windowed(), "tensor '{}': no index map for a windowed rule ({}); only int8 fused weights use windows",
+            key, rule.describe());
   auto iota = [](int64_t b, int64_t n) {
     std::vector<int64_t> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) v[i] = b + i;

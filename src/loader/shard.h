@@ -23,9 +23,23 @@
 // [2I, H] is 2 blocks of I rows): each block is sliced the same way and the rank's
 // pieces are stacked again, so rank r holds [gate_r; up_r].
 //
+// A window (window_len >= 0) restricts the sliced dim to [window_begin, window_begin +
+// window_len) before anything else: one block of a fused tensor whose blocks differ in
+// size (k of a fused qkv_proj, [q | k | v] along the output dim). The rank then slices
+// the window as it would slice a tensor of that size (and a replicated rule or a group
+// of 1 holds the whole window).
+//
 // A size that the group does not divide evenly is an error naming the tensor.
-// A replicated whitelist (e.g. the shared experts when the MoE block runs sequence-
-// parallel) turns the rule of every matching key into replicated: see apply_whitelist.
+//
+// The replicated whitelist (FastDeploy's v1 loader rule, the seed 002): a parameter
+// whose key matches an entry stays whole on every TP rank whatever its rule says.
+// moe-ep's MoE block always runs sequence-parallel for its shared experts: every
+// strategy (moe/dispatch/) computes them, whole, on the token rows the rank holds (all
+// T rows under allreduce and the slot gather, the rank's own share otherwise) and adds
+// them without a TP all-reduce. So the shared experts are on the whitelist of every
+// MoE layer load (moe_replicated_whitelist), and mlp_layer_reads describes them with
+// the tensor-parallel rules they would have otherwise (gate/up column, down row) and
+// lets the whitelist decide: see apply_whitelist.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +63,8 @@ struct ShardRule {
   // Expert-local stacked tensors only: experts [expert_begin, expert_end) of dim 0
   // (expert_end < 0: not stacked, the key is one expert's own tensor).
   int64_t expert_begin = 0, expert_end = -1;
+  // The sliced dim's window (see above); window_len < 0: the whole dim.
+  int64_t window_begin = 0, window_len = -1;
 
   static ShardRule replicated() { return {}; }
   static ShardRule column(int dim = 0, int parts = 1) { return {ShardKind::Column, dim, parts}; }
@@ -60,6 +76,14 @@ struct ShardRule {
   static ShardRule expert_local_stacked(int64_t begin, int64_t end, int i_dim, int parts = 1) {
     return {ShardKind::ExpertLocal, i_dim, parts, begin, end};
   }
+  // This rule on the window [begin, begin + len) of its dim.
+  ShardRule window(int64_t begin, int64_t len) const {
+    ShardRule r = *this;
+    r.window_begin = begin;
+    r.window_len = len;
+    return r;
+  }
+  bool windowed() const { return window_len >= 0; }
 
   std::string describe() const;  // "column(dim 0)", "expert-local(experts [2, 4), dim 1 x2)", ...
 };
@@ -68,8 +92,13 @@ struct ShardRule {
 // `what` (the tensor) when size does not divide n.
 std::pair<int64_t, int64_t> shard_range(const std::string& what, int64_t n, int rank, int size);
 
-// If `key` contains any of the `whitelist` substrings, the rule is replicated.
+// If `key` contains any of the `whitelist` substrings, the rule is replicated (a
+// window is kept: the rank holds the whole block, not the whole fused tensor).
 ShardRule apply_whitelist(const std::string& key, const ShardRule& rule, const std::vector<std::string>& whitelist);
+// The whitelist of a MoE layer's load: the shared experts' key parts of every family
+// (Qwen2-MoE ".shared_expert." and ".shared_expert_gate.", DeepSeek / ERNIE
+// ".shared_experts."), because the MoE block runs them sequence-parallel (see above).
+const std::vector<std::string>& moe_replicated_whitelist();
 
 // One tensor a rank reads: the checkpoint key, its full shape in the checkpoint, the
 // rule that slices it and the group the rule slices over (rank `rank` of `size`).
@@ -82,6 +111,7 @@ struct TensorRead {
   ShardRule rule;
   int rank = 0, size = 1;
   int64_t layer = -1;
+  bool int8 = false;  // an int8 weight (FastDeploy W8A8): the checks expect i8, not a float type
 };
 
 // What load_sharded reads for one tensor: the shape of the result and the pieces of

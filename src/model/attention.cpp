@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "model/attention_kernels.h"
+#include "model/registry.h"
 
 namespace moe {
 
@@ -76,6 +77,21 @@ AttentionReads attention_reads(const ModelConfig& cfg, const AttentionKeys& k, i
     return linear_read(prefix, out, in, k.has_bias(prefix), s, l);
   };
   AttentionReads a;
+  if (cfg.attention == AttentionKind::Gqa && cfg.int8_attention) {
+    check_heads("key/value heads", cfg.n_kv_heads, tp);
+    // FastDeploy W8A8: [in, out] int8 qkv_proj = [q | k | v] columns; each block split by heads.
+    const int64_t hd = cfg.head_dim, nq = nh * hd, nkv = cfg.n_kv_heads * hd, out = nq + 2 * nkv;
+    const std::string qkv = k.qkv.substr(ModelKeys::layer(l).size() + 1), o = k.o.substr(ModelKeys::layer(l).size() + 1);
+    auto block = [&](int64_t b, int64_t n) {
+      return int8_linear_read({l, qkv, H, out, Int8LinearSpec::Column, r, tp, b, n});
+    };
+    a.i8_q = block(0, nq);
+    a.i8_k = block(nq, nkv);
+    a.i8_v = block(nq + nkv, nkv);
+    a.i8_o = int8_linear_read({l, o, nq, H, Int8LinearSpec::Row, r, tp});
+    a.o.weight = a.i8_o->weight;
+    return a;
+  }
   if (cfg.attention == AttentionKind::Gqa) {
     check_heads("key/value heads", cfg.n_kv_heads, tp);
     const int64_t hd = cfg.head_dim;
@@ -116,6 +132,13 @@ std::vector<TensorRead> AttentionReads::all() const {
     out.push_back(lr->weight);
     add(lr->bias);
   };
+  if (i8_q) {  // the int8 attention: weights and weight scales (the q/k/v blocks of one qkv_proj)
+    for (const auto* r : {&i8_q, &i8_k, &i8_v, &i8_o}) {
+      out.push_back((*r)->weight);
+      out.push_back((*r)->weight_scale);
+    }
+    return out;
+  }
   add_linear(q);
   add_linear(k);
   add_linear(v);
@@ -144,10 +167,28 @@ GqaAttention::GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const A
   RopeConfig rc = cfg.rope;
   rc.dim = head_dim_;
   rope_ = Rope(rc);
-  q_ = load_linear(ck, *rd.q, dt);
-  k_ = load_linear(ck, *rd.k, dt);
-  v_ = load_linear(ck, *rd.v, dt);
-  o_ = load_linear(ck, rd.o, dt);
+  if (rd.i8_q) {
+    // FastDeploy W8A8: int8 weights with static input scales, whatever the compute dtype.
+    ScaleLoad sl;
+    sl.layer = k.layer;
+    sl.expert_begin = sl.expert_end = 0;
+    sl.activations_only = true;
+    const LayerScales scales = load_layer_scales(ck, cfg.moe, sl);
+    q_.w = load_int8_linear(ck, cfg.moe, *rd.i8_q, scales);
+    k_.w = load_int8_linear(ck, cfg.moe, *rd.i8_k, scales);
+    v_.w = load_int8_linear(ck, cfg.moe, *rd.i8_v, scales);
+    o_.w = load_int8_linear(ck, cfg.moe, *rd.i8_o, scales);
+    const AttentionQuantScales aq =
+        load_attention_quant_scales(ck, cfg.moe, k.layer, cfg.n_kv_heads * head_dim_, r, tp);
+    cache_k_ = aq.cache_k;
+    cache_v_ = aq.cache_v;
+    qs_scales_ = aq.has_qs;
+  } else {
+    q_ = load_linear(ck, *rd.q, dt);
+    k_ = load_linear(ck, *rd.k, dt);
+    v_ = load_linear(ck, *rd.v, dt);
+    o_ = load_linear(ck, rd.o, dt);
+  }
   if (rd.q_norm) {
     q_norm_ = load_f32(ck, *rd.q_norm);
     k_norm_ = load_f32(ck, *rd.k_norm);
@@ -172,6 +213,20 @@ void GqaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   for (int64_t t = 0; t < T; ++t) {
     rope_.apply(q + t * nq, n_heads_, hd, *c.rope, t);
     rope_.apply(k + t * nkv, n_kv_, hd, *c.rope, t);
+  }
+  if (cache_k_.defined()) {
+    // int8 KV cache (FastDeploy cachek/cachev_matmul): K (after RoPE) and V as an int8
+    // cache holds them, q * step with q = clamp(nearbyint(x / step), -127, 127); the
+    // cache stays f32 (loader/quant_weights.h AttentionQuantScales).
+    const bool per_ch = cache_k_.numel() > 1;
+    const float* sk = cache_k_.data<float>();
+    const float* sv = cache_v_.data<float>();
+    auto fq = [](float x, float s) { return std::clamp(std::nearbyint(x / s), -127.f, 127.f) * s; };
+    for (int64_t i = 0; i < T * nkv; ++i) {
+      const int64_t ch = per_ch ? i % nkv : 0;
+      k[i] = fq(k[i], sk[ch]);
+      v[i] = fq(v[i], sv[ch]);
+    }
   }
   for (const SeqSpan& sp : b.seqs)
     for (int64_t i = 0; i < sp.n; ++i) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "loader/checkpoint.h"
+#include "loader/quant_weights.h"
 #include "model/batch.h"
 #include "model/kv_cache.h"
 #include "model/layers.h"
@@ -38,6 +39,8 @@ struct AttentionKeys {
   // MLA
   std::string q_a, q_a_norm, q_b;  // q-LoRA (q_lora_rank > 0); else `q` is q_proj
   std::string kv_a, kv_a_norm, kv_b;
+  // FastDeploy's fused qkv_proj (ERNIE; loaded when ModelConfig::int8_attention); empty: none
+  std::string qkv;
   // The prefixes above whose nn.Linear has a bias (as transformers builds the family's
   // module: Qwen2-MoE q/k/v, Qwen3-MoE all four with attention_bias, ...).
   std::vector<std::string> biased;
@@ -53,6 +56,10 @@ struct AttentionReads {
   std::optional<TensorRead> q_norm, k_norm;      // GQA with per-head q/k norm
   std::optional<LinearRead> q_a, q_b, kv_a;      // MLA
   std::optional<TensorRead> q_a_norm, kv_a_norm, kv_b;
+  // ModelConfig::int8_attention: q, k, v as column blocks of the int8 qkv_proj (each
+  // this rank's heads), o_proj row-parallel (loader/quant_weights.h); then q/k/v/o above
+  // are unset (o: its weight key only, for messages).
+  std::optional<Int8LinearRead> i8_q, i8_k, i8_v, i8_o;
   std::vector<TensorRead> all() const;           // every one, in load order
 };
 // Throws if tp does not divide the heads.
@@ -78,9 +85,16 @@ class GqaAttention {
   // x [T, H] f32 (normed) -> out [T, H] f32, this rank's partial o_proj output.
   void forward(const AttnContext& ctx, const float* x, float* out, AttnScratch& s) const;
   int64_t cache_dim() const { return n_kv_ * head_dim_; }  // both planes
+  // int8 attention: the checkpoint's q_matmul / s_matmul scales, read and checked but not
+  // applied (loader/quant_weights.h AttentionQuantScales).
+  bool unapplied_qs_scales() const { return qs_scales_; }
 
  private:
   int64_t n_heads_ = 0, n_kv_ = 0, head_dim_ = 0;  // this rank's heads
+  // int8 KV cache steps (FastDeploy cachek/cachev_matmul): f32 [1] or [n_kv*hd] of this
+  // rank's channels; undefined: K and V are cached as computed.
+  Tensor cache_k_, cache_v_;
+  bool qs_scales_ = false;
   double eps_ = 1e-6, scale_ = 1;
   Rope rope_;
   Linear q_, k_, v_, o_;  // q [n_heads*hd, H], k/v [n_kv*hd, H], o [H, n_heads*hd]

@@ -73,7 +73,7 @@ void linear_forward(const Linear& l, const float* x, int64_t T, float* y, Linear
   const void* a = x;
   int64_t lda = ldx;
   if (l.w.dtype == DType::I8) {
-    // W8A8: each row quantised with its own absmax (per-token dynamic scale) into Q8 rows.
+    // W8A8: each row quantised with its own absmax (per-token dynamic scale) into Q8 rows,
     const int64_t rb = q8_row_bytes(K);
     if (!s.a.defined() || s.a.dtype() != DType::I8 || s.a.numel() < T * rb) s.a = Tensor::empty({T * rb}, DType::I8);
     QuantizeRowsParams q;
@@ -84,6 +84,8 @@ void linear_forward(const Linear& l, const float* x, int64_t T, float* y, Linear
     q.k = K;
     q.dst = s.a.raw();
     q.ld_dst = rb;
+    // A static input scale (FastDeploy W8A8, loader/quant_weights.h) replaces the row's absmax.
+    q.static_scale = l.w.act_scale.defined() ? l.w.act_scale.data<float>() : nullptr;
     quantize_rows_q8(q);
     a = s.a.raw();
     lda = rb;

@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "loader/checkpoint.h"
 #include "loader/fp8_weights.h"
+#include "loader/inventory.h"
 #include "loader/moe_weights.h"
 #include "loader/progress.h"
 #include "loader/shard.h"
@@ -99,6 +100,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   } catch (const Error& e) {
     throw Error(fmt::format("{} (in {}/config.json)", e.what(), dir));
   }
+  apply_checkpoint_layout(ck, m->cfg_);
   read_generation_config(dir, m->cfg_);
   const ModelConfig& c = m->cfg_;
 
@@ -131,6 +133,22 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
               tp, c.n_heads, c.n_kv_heads);
   }
 
+  // Layers the decoder does not run are skipped aloud: DeepSeek-V3's multi-token-
+  // prediction layers (num_nextn_predict_layers, stored after the decoder layers; moe-ep
+  // has no speculative decoding), and any layer past those.
+  if (m->rank() == 0) {
+    if (const auto mtp = mtp_layer_keys(ck, c.moe); !mtp.empty())
+      fmt::print(stderr,
+                 "moe-ep: note: skipping {} MTP layer{} (num_nextn_predict_layers={}: model.layers.{}{}, {} tensors): "
+                 "not loaded, moe-ep does not run multi-token prediction\n",
+                 c.moe.n_mtp_layers, c.moe.n_mtp_layers == 1 ? "" : "s", c.moe.n_mtp_layers, c.n_layers,
+                 c.moe.n_mtp_layers == 1 ? "" : fmt::format("..{}", c.n_layers + c.moe.n_mtp_layers - 1), mtp.size());
+    if (const auto extra = beyond_layer_keys(ck, c.moe); !extra.empty())
+      fmt::print(stderr,
+                 "moe-ep: warning: {} tensors of layers past num_hidden_layers={} (+ {} MTP) are not loaded, e.g. "
+                 "'{}'\n",
+                 extra.size(), c.n_layers, c.moe.n_mtp_layers, extra[0]);
+  }
   const FamilyHooks& fam = find_family(c.model_type);
   const EplbOptions& eo = opt.eplb;
   const PlacementSource placements(eo, c.moe.n_experts, multi ? opt.par.ep : 1, multi ? tp : 1,
@@ -211,6 +229,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     progress.advance(lb.mlp[l]);
   }
   progress.finish();
+  if (m->rank() == 0 && !m->layers_.empty() && m->layers_[0].gqa && m->layers_[0].gqa->unapplied_qs_scales())
+    fmt::print(stderr,
+               "moe-ep: note: the checkpoint's self_attn.q_matmul / s_matmul activation scales (FastDeploy's int8 "
+               "Q.K^T and S.V) are checked but not applied: moe-ep computes attention scores and their sum over V "
+               "in f32 (the int8 KV cache scales are applied)\n");
   if (eo.interval > 0) {
     m->opt_.count_experts = true;
     std::vector<EpMoeLayer*> eps;

@@ -51,6 +51,10 @@ struct ModelConfig {
   // attention_bias); which projections it gives a bias is the family's keys hook.
   bool attention_bias = false;
   int64_t sliding_window = 0;  // Mixtral: > 0 limits attention; sequences must stay within it
+  // FastDeploy W8A8 (ERNIE-4.5): the attention is one int8 fused qkv_proj [in, out] and an
+  // int8 o_proj, with static scales (loader/quant_weights.h). From the checkpoint's
+  // keys, not config.json: apply_checkpoint_layout (model/registry.h).
+  bool int8_attention = false;
 
   // MLA (DeepSeek): see model/mla.h.
   int64_t q_lora_rank = 0;  // 0: plain q_proj

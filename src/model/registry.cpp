@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/json_brief.h"
+#include "loader/quant_weights.h"
 
 namespace moe {
 
@@ -58,6 +59,11 @@ AttentionKeys gqa_attention_keys(int64_t l, bool qk_norm, bool qkv_bias, bool o_
   if (qkv_bias) k.biased = {k.q, k.k, k.v};
   if (o_bias) k.biased.push_back(k.o);
   return k;
+}
+
+void apply_checkpoint_layout(const Checkpoint& ck, ModelConfig& c) {
+  const AttentionKeys k = find_family(c.model_type).attention_keys(c, 0);
+  c.int8_attention = !k.qkv.empty() && is_int8_weight(ck, k.qkv);
 }
 
 bool config_flag(const nlohmann::json& cfg, const char* key, bool dflt) {

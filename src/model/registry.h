@@ -12,6 +12,7 @@
 
 #include <string>
 
+#include "loader/checkpoint.h"
 #include "model/attention.h"
 #include "model/model_config.h"
 
@@ -47,6 +48,10 @@ const FamilyHooks& ernie4_5_moe_hooks();
 const FamilyHooks& find_family(const std::string& model_type);
 // The whole config: common fields, MoeConfig, the family's hparams; validated.
 ModelConfig model_config_from_hf(const nlohmann::json& cfg);
+
+// What config.json cannot say: the checkpoint's layout where a family has two
+// (ModelConfig::int8_attention: FastDeploy's int8 fused qkv_proj in layer 0).
+void apply_checkpoint_layout(const Checkpoint& ck, ModelConfig& c);
 
 // Shared by the GQA families: model.layers.L.self_attn.{q,k,v,o}_proj, with a bias on
 // q/k/v and on o as the family's module has them.

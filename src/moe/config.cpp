@@ -124,6 +124,7 @@ MoeConfig MoeConfig::from_hf(const json& cfg) {
 
   c.hidden_size = get_int(cfg, {"hidden_size"});
   c.n_layers = get_int(cfg, {"num_hidden_layers"});
+  c.n_mtp_layers = get_int(cfg, {"num_nextn_predict_layers"}, 0);
   c.act = parse_activation(get_string(cfg, "hidden_act", "silu"));
   RoutingConfig& r = c.routing;
 
@@ -266,6 +267,8 @@ void MoeConfig::validate() const {
     MOE_CHECK(v <= limit, "config.json: {} = {} is implausibly large (limit {})", what, v, limit);
   };
   bounded(n_layers, 1 << 16, "num_hidden_layers");
+  MOE_CHECK(n_mtp_layers >= 0 && n_mtp_layers <= 1 << 8,
+            "config.json: num_nextn_predict_layers = {} is out of range [0, 256]", n_mtp_layers);
   bounded(hidden_size, 1 << 20, "hidden_size");
   bounded(n_experts, 1 << 20, "the number of routed experts");
   bounded(top_k, 1 << 12, "the number of experts per token");

@@ -27,6 +27,10 @@ struct MoeConfig {
   std::string model_type;
   int64_t hidden_size = 0;             // H
   int64_t n_layers = 0;                // num_hidden_layers
+  // DeepSeek-V3 num_nextn_predict_layers: multi-token-prediction layers stored after the
+  // decoder as "model.layers.{n_layers + i}.*". moe-ep does not run them: Model::load
+  // skips them with a message, and the checks count their keys as known (not unexpected).
+  int64_t n_mtp_layers = 0;
   int64_t moe_intermediate_size = 0;   // I of one routed expert
   int64_t dense_intermediate_size = 0;  // I of a dense-MLP layer (0: the family has none)
   int64_t n_experts = 0;               // E routed experts

@@ -15,7 +15,13 @@ void hparams(const nlohmann::json& cfg, ModelConfig& c) {
   MOE_CHECK(!config_flag(cfg, "use_bias", false), "config.json: use_bias=true is not supported for ernie4_5_moe");
 }
 
-AttentionKeys keys(const ModelConfig&, int64_t l) { return gqa_attention_keys(l, false); }
+// Hugging Face's separate q/k/v, or FastDeploy's fused qkv_proj (its W8A8 checkpoints):
+// attention_reads picks the latter when ModelConfig::int8_attention.
+AttentionKeys keys(const ModelConfig&, int64_t l) {
+  AttentionKeys k = gqa_attention_keys(l, false);
+  k.qkv = ModelKeys::layer(l) + ".self_attn.qkv_proj";
+  return k;
+}
 
 }  // namespace
 
