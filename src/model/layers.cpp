@@ -58,7 +58,11 @@ Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute) {
   } else {
     // Packed from the checkpoint's dtype (a view of the mapping, or this rank's strided
     // slice), not from an f32 copy: no transient 2x (bf16) copy of e.g. a [V, H] lm_head.
-    l = make_linear(load_sharded(ck, r.weight), compute, bias);
+    const Tensor w = load_sharded(ck, r.weight);
+    MOE_CHECK(w.dtype() == DType::F32 || w.dtype() == DType::BF16 || w.dtype() == DType::F16,
+              "tensor '{}' in {} has dtype {}, expected f32, bf16 or f16 (or f8_e4m3 with block scales)",
+              r.weight.key, ck.file_of(r.weight.key), dtype_name(w.dtype()));
+    l = make_linear(w, compute, bias);
   }
   release_sharded(ck, r.weight);  // packed: the file's pages leave the process
   return l;
