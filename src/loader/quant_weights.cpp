@@ -492,11 +492,6 @@ void load_quant_experts(const Checkpoint& ck, const MoeConfig& cfg, int64_t laye
 
 // ---- FastDeploy W8A8 linear layers outside the routed experts ------------------------
 
-bool is_int8_weight(const Checkpoint& ck, const std::string& prefix) {
-  const std::string key = prefix + ".weight";
-  return ck.has(key) && ck.info(key).dtype == DType::I8;
-}
-
 Int8LinearRead int8_linear_read(const Int8LinearSpec& s) {
   const std::string p = fmt::format("model.layers.{}.{}", s.layer, s.module);
   Int8LinearRead r;

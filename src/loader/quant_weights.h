@@ -93,8 +93,12 @@ void load_quant_experts(const Checkpoint& ck, const MoeConfig& cfg, int64_t laye
 
 // ---- FastDeploy W8A8 linear layers outside the routed experts ------------------------
 
-// True when "<prefix>.weight" is int8 in the checkpoint (headers only).
-bool is_int8_weight(const Checkpoint& ck, const std::string& prefix);
+// True when "<prefix>.weight" is int8 in the checkpoint (headers only). Inline: the
+// config readers use it (model/registry.cpp) and build without the loaders (fuzz/).
+inline bool is_int8_weight(const Checkpoint& ck, const std::string& prefix) {
+  const std::string key = prefix + ".weight";
+  return ck.has(key) && ck.info(key).dtype == DType::I8;
+}
 
 // One int8 linear as this rank reads it.
 struct Int8LinearRead {
