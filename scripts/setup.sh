@@ -14,7 +14,7 @@ PACKAGES=(
   iproute2 nftables util-linux                 # the multi-host test bed: network namespaces, veths, tc, packet loss
   procps                                       # sysctl (the bed's TCP timeouts), pgrep/pkill (serve tests)
   time                                         # GNU time: peak RSS in tools/bench_model_load.sh
-  clang libclang-rt-14-dev                     # libFuzzer targets (tokenizer, templates)
+  clang libclang-rt-14-dev                     # libFuzzer targets (text layer, safetensors, shard index, configs)
 )
 
 missing=()

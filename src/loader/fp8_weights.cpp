@@ -149,12 +149,6 @@ Fp8Slice load_fp8_slice(const Checkpoint& ck, const TensorRead& r) {
                   r.key, ck.file_of(r.key), v, nd == 3 ? fmt::format("{}, ", e) : "", si, sj, r.key);
         dst[(e * n + i) * nkb + b] = v;
       }
-  // NaN codes (0x7f / 0xff) have no value: a corrupt tensor.
-  const Tensor c = s.codes.is_contiguous() ? s.codes : s.codes.clone();
-  const auto* q = static_cast<const uint8_t*>(c.raw());
-  for (int64_t i = 0; i < c.numel(); ++i)
-    MOE_CHECK((q[i] & 0x7f) != 0x7f, "fp8 weight '{}' in {}: NaN code 0x{:02x} at element {} of this rank's slice",
-              r.key, ck.file_of(r.key), q[i], i);
   return s;
 }
 
@@ -167,6 +161,11 @@ Tensor dequantize_fp8(const Fp8Slice& s, DType out) {
   const auto* q = static_cast<const uint8_t*>(c.raw());
   const float* rs = s.row_scale.data<float>();
   float* o = f.data<float>();
+  // NaN codes (0x7f / 0xff) have no value: a corrupt tensor. (The packed path's
+  // pack_expert_fp8 checks the same, so each code is checked once either way.)
+  for (int64_t i = 0; i < rows * k; ++i)
+    MOE_CHECK((q[i] & 0x7f) != 0x7f, "fp8 weight '{}': NaN code 0x{:02x} at element {} of this rank's slice", s.key,
+              q[i], i);
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < k; ++j) o[i * k + j] = f8e4m3_to_f32(q[i * k + j]) * rs[i * nkb + j / s.block_k];
   if (out == DType::F32) return f;

@@ -56,7 +56,8 @@ struct Fp8Slice {
 // The block_k load_fp8_slice(r) will use (headers only; throws like fp8_problem).
 int64_t fp8_slice_block_k(const Checkpoint& ck, const TensorRead& r);
 // This rank's slice of an FP8 tensor; checks fp8_problem, then the scale values (finite,
-// within the range pack_expert_fp8 accepts) and the codes (no NaN).
+// within the range pack_expert_fp8 accepts); NaN codes are caught where the codes are used
+// (dequantize_fp8 and pack_expert_fp8), so each code is checked once.
 Fp8Slice load_fp8_slice(const Checkpoint& ck, const TensorRead& r);
 // The slice's values in `out` (F32: the exact f32 products; BF16: each rounded to
 // nearest even, the values the FP8 GEMM computes with), shaped like the codes.
