@@ -1,8 +1,10 @@
-// The blocked GQA attention (model/attention_kernels.h) against the plain loop: the
+// The GQA flash attention (model/attention_kernels.h) against the plain loop: the
 // same bits for prefill, decode and mixed steps of several sequences, head sizes that
-// are and are not multiples of the vector width, every ISA level the CPU has, and an
-// f32 or a bf16 KV cache (the kernel widens bf16 as it reads; the plain loop widens
-// whole rows).
+// are and are not multiples of the vector width, contexts of many chunks and spans,
+// both work schedules (whole context per item, one item per span), every ISA level the
+// CPU has, a tiled or untiled K plane, and an f32 or a bf16 KV cache (the kernel widens
+// bf16 as it reads; the plain loop widens whole rows). And against softmax attention
+// computed in double precision: the chunked online softmax is the same function.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,13 +22,50 @@ namespace {
 struct Case {
   int64_t n_heads, n_kv, hd;
   std::vector<std::pair<int64_t, int64_t>> seqs;  // (cached positions, new tokens)
+  int64_t max_seq = 80;
 };
 
-// paged: the cache is one pool of 8-position blocks handed to the slots in a shuffled
-// order (as the server's scheduler hands out freed blocks), so a sequence's positions
-// live in scattered, non-ascending blocks; the result must not change by a bit.
-std::vector<float> run_case(const Case& c, uint64_t seed, bool paged = false, DType kv_dtype = DType::F32) {
-  const int64_t max_seq = 80, n_slots = static_cast<int64_t>(c.seqs.size());
+struct RunOpts {
+  bool paged = false;      // 8-position blocks handed out shuffled (gathered K tiles)
+  DType kv_dtype = DType::F32;
+  bool tiled = true;       // K plane position-minor in its blocks, as the model keeps it
+};
+
+// softmax(q k^T scale) v for every token and head, computed as torch does it in T
+// (dot product, max-subtracted exp, sequential sums, normalise, weighted sum): in double
+// it is the function without its rounding, in float the plain f32 computation.
+template <class T>
+std::vector<T> softmax_attention(const Case& c, const KvCache& cache, const StepBatch& b, const float* q,
+                                 float scale) {
+  const int64_t hd = c.hd, ld = c.n_heads * hd, G = c.n_heads / c.n_kv;
+  std::vector<T> out(b.n_tokens() * ld);
+  std::vector<float> kb(cache.a_dim()), vb(cache.b_dim());
+  for (const SeqSpan& sp : b.seqs)
+    for (int64_t t = sp.first; t < sp.first + sp.n; ++t)
+      for (int64_t h = 0; h < c.n_heads; ++h) {
+        const int64_t n = b.positions[t] + 1, kvh = h / G;
+        std::vector<T> s(n);
+        T mx = -1e30f, sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const float* k = cache.row_a(0, sp.slot, j, kb.data()) + kvh * hd;
+          T acc = 0;
+          for (int64_t d = 0; d < hd; ++d) acc += static_cast<T>(q[t * ld + h * hd + d]) * k[d];
+          s[j] = acc * scale;
+          mx = std::max(mx, s[j]);
+        }
+        for (int64_t j = 0; j < n; ++j) sum += s[j] = std::exp(s[j] - mx);
+        for (int64_t j = 0; j < n; ++j) {
+          const float* v = cache.row_b(0, sp.slot, j, vb.data()) + kvh * hd;
+          for (int64_t d = 0; d < hd; ++d) out[t * ld + h * hd + d] += s[j] / sum * v[d];
+        }
+      }
+  return out;
+}
+
+std::vector<float> run_case(const Case& c, uint64_t seed, RunOpts ro = {}) {
+  const bool paged = ro.paged;
+  const DType kv_dtype = ro.kv_dtype;
+  const int64_t max_seq = c.max_seq, n_slots = static_cast<int64_t>(c.seqs.size());
   KvCacheShape ks;
   ks.n_layers = 1;
   ks.n_slots = n_slots;
@@ -34,6 +73,7 @@ std::vector<float> run_case(const Case& c, uint64_t seed, bool paged = false, DT
   ks.a_dim = ks.b_dim = c.n_kv * c.hd;
   ks.block_size = paged ? 8 : 16;
   ks.dtype = kv_dtype;
+  ks.a_tiled = ro.tiled;
   if (paged) ks.n_blocks = n_slots * ks.blocks_per_slot() + 3;  // a few spare blocks
   KvCache cache(ks);
   if (paged) {
@@ -72,13 +112,28 @@ std::vector<float> run_case(const Case& c, uint64_t seed, bool paged = false, DT
   a.scale = 0.3f;
   a.ctx = ref.data();
   gqa_attend_reference(a);
-  for (Isa isa : test::available_isas()) {
-    test::IsaScope scope(isa);
-    a.ctx = got.data();
-    gqa_attend(a);
-    EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)), 0)
-        << "heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " isa " << isa_name(active_isa()) << " cache "
-        << dtype_name(kv_dtype);
+  for (Isa isa : test::available_isas())
+    for (GqaSchedule sched : {GqaSchedule::automatic, GqaSchedule::whole_context, GqaSchedule::split_spans}) {
+      test::IsaScope scope(isa);
+      a.ctx = got.data();
+      a.schedule = sched;
+      gqa_attend(a);
+      EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)), 0)
+          << "heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " isa " << isa_name(active_isa())
+          << " cache " << dtype_name(kv_dtype) << " schedule " << static_cast<int>(sched) << " tiled " << ro.tiled;
+    }
+  // The same function as softmax attention, and no less accurate in f32 than computing
+  // it the plain way (as torch does): the chunks and folds only regroup the sums.
+  if (kv_dtype == DType::F32) {
+    const std::vector<double> want = softmax_attention<double>(c, cache, b, q.data<float>(), a.scale);
+    const std::vector<float> plain = softmax_attention<float>(c, cache, b, q.data<float>(), a.scale);
+    double worst = 0, worst_plain = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, std::fabs(want[i] - ref[i]));
+      worst_plain = std::max(worst_plain, std::fabs(want[i] - plain[i]));
+    }
+    EXPECT_LE(worst, 1.5 * worst_plain + 1e-7) << "heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd
+                                               << ": the plain f32 softmax is off by " << worst_plain;
   }
   return ref;
 }
@@ -90,11 +145,37 @@ TEST(AttentionKernels, BitwiseEqualToThePlainLoop) {
   run_case({6, 2, 32, {{70, 1}, {5, 1}, {0, 3}}}, 4);     // decode batch
 }
 
+// Contexts of several spans (256 positions) and chunks (64): decode split over spans,
+// prefill through all of them, a chunked prefill starting inside a span, a decode at a
+// span boundary, 16 query heads per KV head.
+TEST(AttentionKernels, LongContextsBitwiseEqualToThePlainLoop) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    RunOpts ro;
+    ro.kv_dtype = dt;
+    run_case({32, 4, 128, {{700, 1}, {255, 2}, {0, 300}}, 720}, 5, ro);
+    run_case({16, 1, 64, {{511, 1}, {256, 1}, {100, 13}}, 720}, 6, ro);
+    ro.paged = true;
+    run_case({8, 2, 40, {{600, 1}, {77, 9}}, 720}, 7, ro);
+  }
+}
+
+// An untiled K plane (rows, as MLA keeps its planes) gives the same bits as the tiled one.
+TEST(AttentionKernels, UntiledKPlaneGivesTheSameBits) {
+  RunOpts tiled, rows;
+  rows.tiled = false;
+  for (const Case& c : {Case{8, 2, 24, {{0, 9}, {3, 1}, {60, 1}}}, Case{32, 4, 128, {{300, 1}, {0, 20}}, 400}}) {
+    const std::vector<float> x = run_case(c, 8, tiled), y = run_case(c, 8, rows);
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0);
+  }
+}
+
 TEST(AttentionKernels, Bf16CacheBitwiseEqualToThePlainLoop) {
-  run_case({32, 4, 128, {{0, 37}}}, 1, false, DType::BF16);
-  run_case({8, 2, 24, {{0, 9}, {3, 1}, {60, 1}}}, 2, false, DType::BF16);
-  run_case({4, 4, 16, {{10, 20}, {0, 1}}}, 3, false, DType::BF16);
-  run_case({6, 2, 32, {{70, 1}, {5, 1}, {0, 3}}}, 4, false, DType::BF16);
+  RunOpts bf;
+  bf.kv_dtype = DType::BF16;
+  run_case({32, 4, 128, {{0, 37}}}, 1, bf);
+  run_case({8, 2, 24, {{0, 9}, {3, 1}, {60, 1}}}, 2, bf);
+  run_case({4, 4, 16, {{10, 20}, {0, 1}}}, 3, bf);
+  run_case({6, 2, 32, {{70, 1}, {5, 1}, {0, 3}}}, 4, bf);
 }
 
 TEST(AttentionKernels, PagedScatteredBlocksGiveTheSameBits) {
@@ -102,7 +183,10 @@ TEST(AttentionKernels, PagedScatteredBlocksGiveTheSameBits) {
     for (const auto& [c, seed] : std::vector<std::pair<Case, uint64_t>>{{{8, 2, 24, {{0, 9}, {3, 1}, {60, 1}}}, 2},
                                                                        {{4, 4, 16, {{10, 20}, {0, 1}}}, 3},
                                                                        {{6, 2, 32, {{70, 1}, {5, 1}, {0, 3}}}, 4}}) {
-      const std::vector<float> dense = run_case(c, seed, false, dt), paged = run_case(c, seed, true, dt);
+      RunOpts d, p;
+      d.kv_dtype = p.kv_dtype = dt;
+      p.paged = true;
+      const std::vector<float> dense = run_case(c, seed, d), paged = run_case(c, seed, p);
       ASSERT_EQ(dense.size(), paged.size());
       EXPECT_EQ(std::memcmp(dense.data(), paged.data(), dense.size() * sizeof(float)), 0)
           << "seed " << seed << " cache " << dtype_name(dt);
@@ -119,7 +203,9 @@ TEST(AttentionKernels, PagedScatteredBlocksGiveTheSameBits) {
 TEST(AttentionKernels, Bf16CacheCloseToF32Cache) {
   for (const auto& [c, seed] : std::vector<std::pair<Case, uint64_t>>{{{32, 4, 128, {{0, 37}}}, 1},
                                                                      {{6, 2, 32, {{70, 1}, {5, 1}, {0, 3}}}, 4}}) {
-    const std::vector<float> f32 = run_case(c, seed), bf16 = run_case(c, seed, false, DType::BF16);
+    RunOpts bf;
+    bf.kv_dtype = DType::BF16;
+    const std::vector<float> f32 = run_case(c, seed), bf16 = run_case(c, seed, bf);
     double worst = 0;
     for (size_t i = 0; i < f32.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(f32[i] - bf16[i])));
     EXPECT_GT(worst, 0.0) << "seed " << seed << ": the bf16 cache did not round";

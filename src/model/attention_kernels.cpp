@@ -1,5 +1,7 @@
 #include "model/attention_kernels.h"
 
+#include <cmath>
+
 #include "core/cpu.h"
 #include "model/attention_kernels_impl.h"
 
@@ -10,36 +12,70 @@ void gqa_attend_avx2(const GqaAttendArgs& a);    // attention_kernels_avx2.cpp
 
 void gqa_attend(const GqaAttendArgs& a) {
   if (a.batch->n_tokens() == 0) return;
+  MOE_CHECK(a.n_kv > 0 && a.n_heads % a.n_kv == 0 && a.head_dim > 0, "gqa_attend: {} heads over {} KV heads of {}",
+            a.n_heads, a.n_kv, a.head_dim);
   if (active_isa() >= Isa::Avx512) gqa_attend_avx512(a);
   else if (active_isa() == Isa::Avx2) gqa_attend_avx2(a);
   else attn_impl::gqa_attend(a);
 }
 
-void softmax_inplace(float* sc, int64_t n) { attn_impl::softmax_row(sc, n); }
+void softmax_inplace(float* sc, int64_t n) {
+  float mx = sc[0];
+  for (int64_t j = 1; j < n; ++j) mx = std::max(mx, sc[j]);
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    sc[j] = std::exp(sc[j] - mx);
+    sum += sc[j];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t j = 0; j < n; ++j) sc[j] *= inv;
+}
 
+// The definition of model/attention_math.h, one query row and head at a time.
 void gqa_attend_reference(const GqaAttendArgs& a) {
+  using namespace attn_math;
   const StepBatch& b = *a.batch;
   const int64_t hd = a.head_dim, ldq = a.n_heads * hd, group = a.n_heads / a.n_kv;
   const KvCache& cache = *a.cache;
-  std::vector<float> sc(cache.max_seq()), kbuf(cache.a_dim()), vbuf(cache.b_dim());
+  std::vector<float> sc(kChunk), kbuf(cache.a_dim()), vbuf(cache.b_dim()), ob(hd), so(hd), ro(hd);
   for (const SeqSpan& sp : b.seqs)
     for (int64_t t = sp.first; t < sp.first + sp.n; ++t)
       for (int64_t h = 0; h < a.n_heads; ++h) {
         const int64_t n_ctx = b.positions[t] + 1, kvh = h / group;
         const float* qh = a.q + t * ldq + h * hd;
-        for (int64_t j = 0; j < n_ctx; ++j) {
-          const float* k = cache.row_a(a.layer, sp.slot, j, kbuf.data()) + kvh * hd;
-          float s = 0.f;
-          for (int64_t d = 0; d < hd; ++d) s += qh[d] * k[d];
-          sc[j] = s * a.scale;
+        State R;
+        R.o = ro.data();
+        for (int64_t s0 = 0; s0 < n_ctx; s0 += kSpan) {
+          State S;
+          S.o = so.data();
+          for (int64_t c0 = s0; c0 < std::min(s0 + kSpan, n_ctx); c0 += kChunk) {
+            const int64_t jn = std::min(c0 + kChunk, n_ctx) - c0;
+            for (int64_t j = 0; j < jn; ++j) {
+              const float* k = cache.row_a(a.layer, sp.slot, c0 + j, kbuf.data()) + kvh * hd;
+              float s = 0.f;
+              for (int64_t d = 0; d < hd; ++d) s = s + qh[d] * k[d];
+              sc[j] = s * a.scale;
+            }
+            float m = sc[0];
+            for (int64_t j = 1; j < jn; ++j) m = std::max(m, sc[j]);
+            float lanes[kLanes] = {};
+            for (int64_t j = 0; j < (jn + kLanes - 1) / kLanes * kLanes; ++j) {
+              const float p = j < jn ? exp_neg(sc[j] - m) : 0.f;
+              if (j < jn) sc[j] = p;
+              lanes[j % kLanes] = lanes[j % kLanes] + p;
+            }
+            const float l = lane_sum(lanes);
+            std::fill(ob.begin(), ob.end(), 0.f);
+            for (int64_t j = 0; j < jn; ++j) {
+              const float* v = cache.row_b(a.layer, sp.slot, c0 + j, vbuf.data()) + kvh * hd;
+              for (int64_t d = 0; d < hd; ++d) ob[d] = ob[d] + sc[j] * v[d];
+            }
+            fold(S, m, l, ob.data(), hd);
+          }
+          fold(R, S.m, S.l, S.o, hd);
         }
-        attn_impl::softmax_row(sc.data(), n_ctx);
         float* o = a.ctx + t * ldq + h * hd;
-        std::fill(o, o + hd, 0.f);
-        for (int64_t j = 0; j < n_ctx; ++j) {
-          const float* v = cache.row_b(a.layer, sp.slot, j, vbuf.data()) + kvh * hd;
-          for (int64_t d = 0; d < hd; ++d) o[d] += sc[j] * v[d];
-        }
+        for (int64_t d = 0; d < hd; ++d) o[d] = R.o[d] / R.l;
       }
 }
 

@@ -1,32 +1,68 @@
-// Private to attention_kernels*.cpp: the blocked GQA attention body, compiled once
-// for the baseline ISA, once with AVX2 and once with AVX-512 (GCC vector extensions: the
-// same element-wise multiplies and adds either way, so the same bits). A bf16 cache is
-// widened to f32 in plain C++ as it is read (keys into the tile, V rows into a buffer):
-// widening is exact, so the bits equal the f32 code run on the bf16-rounded values.
+// Private to attention_kernels*.cpp: the GQA attention body (flash attention over the
+// KV cache), compiled once for the baseline ISA, once with AVX2 and once with AVX-512
+// (GCC vector extensions: the same element-wise multiplies and adds either way, so the
+// same bits; model/attention_math.h defines the arithmetic).
+//
+// Work items: (sequence, KV head, up to kQBlock of the step's new tokens, a range of
+// spans). Prefill items take every span of their tokens (no partial states to keep);
+// a sequence with few new tokens (decode) and a long context is split into one item
+// per span, so a single conversation's context spreads over every thread, and a merge
+// pass folds the spans' states in order.
+//
+// Inside an item, per chunk of kChunk keys:
+//   scores: 16 keys per vector (a lane per key), each the sequential dot product over
+//     head_dim; the K plane is tiled (KvCache a_tiled), so the 16 keys of one column
+//     are one load (f32) or one widening load (bf16), and every query head of the KV
+//     head (GQA: Qwen3-30B-A3B has 8) is scored against that load: the K bytes are read
+//     once per item, not once per head;
+//   softmax: max, exp (attn_math::exp_neg, vectorised), 16-lane sums;
+//   V: o[d] = sum over keys in order of p_j v_j[d], 16 dims per vector, every head of
+//     the group against one load of each V row;
+//   the chunk's (max, sum, o) folded into its span's state, the span's into the result.
+// Causal: chunks and tiles after a token's position are skipped, keys after it inside
+// its last tile are masked.
 #pragma once
 
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "model/attention_kernels.h"
+#include "model/attention_math.h"
 
 // Internal linkage: each including file (one per ISA) gets its own copy, so the linker
 // never mixes an AVX-512 instance into the portable build.
 namespace moe::attn_impl {
 namespace {
 
-// v16 values never cross a call boundary that is not inlined in the same file.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-constexpr int kLanes = 16;  // keys per score vector
-constexpr int kQBlock = 8;  // new tokens of a sequence per work item
-typedef float v16 __attribute__((vector_size(kLanes * sizeof(float))));
+using attn_math::exp_neg;
+using attn_math::fold;
+using attn_math::kChunk;
+using attn_math::kLanes;
+using attn_math::kSpan;
+using attn_math::State;
+using attn_math::v16;
+using attn_math::vi16;
+typedef uint16_t vu16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+
+constexpr int kQBlock = 8;  // new tokens of a sequence per prefill item
+// Heads scored (and V-summed) per pass: one accumulator vector each plus the key
+// vector must stay in registers. AVX-512: 8 zmm of 32; AVX2: a v16 is 2 ymm, 4 heads
+// take 8 of 16; SSE: 4 xmm per v16, 2 heads. The grouping never changes the bits (each
+// head's arithmetic is its own).
+#if defined(__AVX512F__)
+constexpr int kHeads = 8;
+#elif defined(__AVX2__)
+constexpr int kHeads = 4;
+#else
+constexpr int kHeads = 2;
+#endif
 
 inline v16 load(const float* p) {
   v16 v;
@@ -34,157 +70,299 @@ inline v16 load(const float* p) {
   return v;
 }
 inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
-
-// Softmax of sc[0..n) in place: f32, max-subtracted, sequential sum (as torch.softmax).
-inline void softmax_row(float* sc, int64_t n) {
-  float mx = sc[0];
-  for (int64_t j = 1; j < n; ++j) mx = std::max(mx, sc[j]);
-  float sum = 0.f;
-  for (int64_t j = 0; j < n; ++j) {
-    sc[j] = std::exp(sc[j] - mx);
-    sum += sc[j];
-  }
-  const float inv = 1.f / sum;
-  for (int64_t j = 0; j < n; ++j) sc[j] *= inv;
+inline v16 load_kv(const float* p) { return load(p); }
+inline v16 load_kv(const uint16_t* p) {  // 16 bf16 widened exactly: the bits << 16
+  vu16 h;
+  std::memcpy(&h, p, sizeof h);
+  const vi16 w = __builtin_convertvector(h, vi16) << 16;
+  v16 f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
 }
+inline const vi16 kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 struct Item {
-  int32_t seq;
-  int32_t kvh;
-  int64_t t0, nt;  // tokens [t0, t0 + nt) of the step
+  int32_t seq, kvh;
+  int32_t t0, nt;          // tokens [t0, t0 + nt) of the step
+  int32_t span0, span1;    // spans [span0, span1) of the context
+  int64_t part = -1;       // split items: index of its partial states, else -1
 };
 
 struct Scratch {
-  std::vector<float> tile;  // [head_dim][kLanes]
-  std::vector<float> sc;    // [rows][ld]
-  std::vector<float> vrow;  // [head_dim]: a V row widened to f32 (bf16 cache)
+  std::vector<float> tile;  // [head_dim][kLanes]: a gathered K tile (untiled or small blocks)
+  std::vector<float> sc;    // [rows][kChunk]: scores, then probabilities
+  std::vector<float> oc;    // [G][head_dim]: one chunk's V sums of a token's heads
+  std::vector<float> so, ro;  // [rows][head_dim]: span and result states' o
+  std::vector<float> cm, cl;  // [G]: a chunk's max and sum per head
+  std::vector<State> S, R;    // [rows]
+  std::vector<const void*> vrows;  // [kChunk]: the chunk's V rows
 };
 
-// The V row of position j as f32: the cache's own row (f32), or widened into buf once
-// per position, then used by every query of the item (plain C++: the loop vectorises
-// for whichever ISA this file is compiled for).
-template <class E>
-inline const float* v_row(const KvCache& cache, int64_t layer, int64_t slot, int64_t j, int64_t off, int64_t hd,
-                          float* buf) {
-  const E* v = cache.b_row<E>(layer, slot, j) + off;
-  if constexpr (std::is_same_v<E, float>) {
-    return v;
-  } else {
-    for (int64_t d = 0; d < hd; ++d) buf[d] = kv_widen(v[d]);
-    return buf;
+// Scores of NG heads (q rows hd apart) against 16 keys: column d of the keys at
+// kt + d * kstride. out[g * ldo + lane] = scale * sum_d q_g[d] k_lane[d], d in order.
+template <int NG, class E>
+inline void score_heads(const float* q, int64_t hd, const E* kt, int64_t kstride, float* out, int64_t ldo,
+                        float scale) {
+  v16 acc[NG];
+  for (int g = 0; g < NG; ++g) acc[g] = v16{};
+  for (int64_t d = 0; d < hd; ++d) {
+    const v16 k = load_kv(kt + d * kstride);
+    for (int g = 0; g < NG; ++g) acc[g] = acc[g] + q[g * hd + d] * k;
+  }
+  for (int g = 0; g < NG; ++g) store(out + g * ldo, acc[g] * scale);
+}
+
+// oc[g][d] = sum over j < jn, in order, of p[g * kChunk + j] * v_j[d], NG heads, dims
+// [d0, d0 + 16).
+template <int NG, class E>
+inline void v_heads(const float* p, int64_t jn, const void* const* vrows, int64_t off, float* oc, int64_t hd) {
+  v16 acc[NG];
+  for (int g = 0; g < NG; ++g) acc[g] = v16{};
+  for (int64_t j = 0; j < jn; ++j) {
+    const v16 v = load_kv(static_cast<const E*>(vrows[j]) + off);
+    for (int g = 0; g < NG; ++g) acc[g] = acc[g] + p[g * kChunk + j] * v;
+  }
+  for (int g = 0; g < NG; ++g) store(oc + g * hd, acc[g]);
+}
+
+// Runs f<NG>(g0) over the G heads in passes of kHeads (the last pass narrower).
+template <template <int> class F, class... Args>
+inline void by_head_groups(int64_t G, Args&&... args) {
+  int64_t g0 = 0;
+  for (; g0 + kHeads <= G; g0 += kHeads) F<kHeads>::run(g0, args...);
+  switch (G - g0) {
+    case 0: break;
+#define MOE_ATTN_CASE(n) \
+  case n:                \
+    if constexpr (n < kHeads) F<n>::run(g0, args...); \
+    break;
+    MOE_ATTN_CASE(1) MOE_ATTN_CASE(2) MOE_ATTN_CASE(3) MOE_ATTN_CASE(4) MOE_ATTN_CASE(5) MOE_ATTN_CASE(6)
+    MOE_ATTN_CASE(7)
+#undef MOE_ATTN_CASE
   }
 }
 
-// E: the cache's element type, float (f32) or uint16_t (bf16 bits).
 template <class E>
-inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s) {
+struct ScorePass {
+  template <int NG>
+  struct F {
+    static void run(int64_t g0, const float* qt, int64_t hd, const E* kt, int64_t kstride, float* out, float scale) {
+      score_heads<NG, E>(qt + g0 * hd, hd, kt, kstride, out + g0 * kChunk, kChunk, scale);
+    }
+  };
+};
+
+template <class E>
+struct VPass {
+  template <int NG>
+  struct F {
+    static void run(int64_t g0, const float* p, int64_t jn, const void* const* vrows, int64_t off, float* oc,
+                    int64_t hd) {
+      v_heads<NG, E>(p + g0 * kChunk, jn, vrows, off, oc + g0 * hd, hd);
+    }
+  };
+};
+
+// E: the cache's element type, float (f32) or uint16_t (bf16 bits). part: where a split
+// item leaves its states ([rows][2 + head_dim]: m, l, o; l = 0 for a token with no key
+// in the span), or nullptr to write the finished output into a.ctx.
+template <class E>
+inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, float* part) {
   const StepBatch& b = *a.batch;
   const SeqSpan& sp = b.seqs[it.seq];
   const KvCache& cache = *a.cache;
   const int64_t hd = a.head_dim, G = a.n_heads / a.n_kv, ldq = a.n_heads * hd, kvh = it.kvh;
-  int64_t max_ctx = 0;
-  for (int64_t t = it.t0; t < it.t0 + it.nt; ++t) max_ctx = std::max<int64_t>(max_ctx, b.positions[t] + 1);
-  const int64_t ld = (max_ctx + kLanes - 1) / kLanes * kLanes, rows = it.nt * G;
-  if (static_cast<int64_t>(s.sc.size()) < rows * ld) s.sc.resize(rows * ld);
-  if (static_cast<int64_t>(s.tile.size()) < hd * kLanes) s.tile.resize(hd * kLanes);
-  if (static_cast<int64_t>(s.vrow.size()) < hd) s.vrow.resize(hd);
-  float* tile = s.tile.data();
-  float* vbuf = s.vrow.data();
-  float* sc = s.sc.data();
-  const v16 vscale = v16{} + a.scale;
+  const int64_t B = cache.block_size(), rows = it.nt * G;
+  const bool tiled = cache.shape().a_tiled, fast = tiled && B % kLanes == 0;
+  int64_t pos[kQBlock], maxpos = 0;
+  for (int64_t t = 0; t < it.nt; ++t) maxpos = std::max<int64_t>(maxpos, pos[t] = b.positions[it.t0 + t]);
 
-  // Scores, 16 keys at a time: lane l of a row's vector is dot(q, k_{j0+l}) summed over d in order.
-  for (int64_t j0 = 0; j0 < max_ctx; j0 += kLanes) {
-    const int64_t jn = std::min<int64_t>(kLanes, max_ctx - j0);
-    for (int64_t l = 0; l < kLanes; ++l) {
-      if (l < jn) {
-        const E* k = cache.a_row<E>(a.layer, sp.slot, j0 + l) + kvh * hd;
-        for (int64_t d = 0; d < hd; ++d) tile[d * kLanes + l] = kv_widen(k[d]);
-      } else {
-        for (int64_t d = 0; d < hd; ++d) tile[d * kLanes + l] = 0.f;
-      }
-    }
-    for (int64_t t = 0; t < it.nt; ++t) {
-      if (j0 > b.positions[it.t0 + t]) continue;  // the whole tile is after this token
-      const float* qt = a.q + (it.t0 + t) * ldq + kvh * G * hd;
-      int64_t g = 0;
-      for (; g + 2 <= G; g += 2) {  // two heads per pass: two independent chains
-        const float* q0 = qt + g * hd;
-        const float* q1 = q0 + hd;
-        v16 acc0 = v16{}, acc1 = v16{};
-        for (int64_t d = 0; d < hd; ++d) {
-          const v16 k = load(tile + d * kLanes);
-          acc0 = acc0 + q0[d] * k;
-          acc1 = acc1 + q1[d] * k;
-        }
-        store(sc + (t * G + g) * ld + j0, acc0 * vscale);
-        store(sc + (t * G + g + 1) * ld + j0, acc1 * vscale);
-      }
-      for (; g < G; ++g) {
-        const float* q0 = qt + g * hd;
-        v16 acc0 = v16{};
-        for (int64_t d = 0; d < hd; ++d) acc0 = acc0 + q0[d] * load(tile + d * kLanes);
-        store(sc + (t * G + g) * ld + j0, acc0 * vscale);
-      }
-    }
+  s.tile.resize(hd * kLanes);
+  s.sc.resize(rows * kChunk);
+  s.oc.resize(G * hd);
+  s.so.resize(rows * hd);
+  s.ro.resize(rows * hd);
+  s.cm.resize(G);
+  s.cl.resize(G);
+  s.S.assign(rows, State{});
+  s.R.assign(rows, State{});
+  s.vrows.resize(kChunk);
+  for (int64_t r = 0; r < rows; ++r) {
+    s.S[r].o = s.so.data() + r * hd;
+    s.R[r].o = s.ro.data() + r * hd;
   }
-  for (int64_t t = 0; t < it.nt; ++t)
-    for (int64_t g = 0; g < G; ++g) softmax_row(sc + (t * G + g) * ld, b.positions[it.t0 + t] + 1);
+  float* sc = s.sc.data();
+  const int64_t d16 = hd / kLanes * kLanes;
 
-  // Output: o[d] = sum over j in order of p_j * v_j[d]; 16 dims per vector.
-  for (int64_t t = 0; t < it.nt; ++t)
-    for (int64_t g = 0; g < G; ++g) std::fill_n(a.ctx + (it.t0 + t) * ldq + (kvh * G + g) * hd, hd, 0.f);
-  if (hd % kLanes == 0) {
-    for (int64_t j = 0; j < max_ctx; ++j) {
-      const float* v = v_row<E>(cache, a.layer, sp.slot, j, kvh * hd, hd, vbuf);
-      for (int64_t t = 0; t < it.nt; ++t) {
-        if (j > b.positions[it.t0 + t]) continue;
-        for (int64_t g = 0; g < G; ++g) {
-          const float p = sc[(t * G + g) * ld + j];
-          float* o = a.ctx + (it.t0 + t) * ldq + (kvh * G + g) * hd;
-          for (int64_t d = 0; d < hd; d += kLanes) store(o + d, load(o + d) + p * load(v + d));
+  for (int64_t span = it.span0; span < it.span1; ++span) {
+    const int64_t sp0 = span * kSpan, sp1 = std::min(sp0 + kSpan, maxpos + 1);
+    if (sp0 >= sp1) break;
+    for (int64_t r = 0; r < rows; ++r) s.S[r].empty = true;
+    for (int64_t c0 = sp0; c0 < sp1; c0 += kChunk) {
+      const int64_t c1 = std::min(c0 + kChunk, sp1);  // keys some token of the item needs
+      // Scores of every token's heads, 16 keys at a time.
+      for (int64_t j0 = c0; j0 < c1; j0 += kLanes) {
+        // Every token that sees some of these 16 keys scores all its heads against them.
+        auto score = [&](auto* kt, int64_t kstride) {
+          using K = std::remove_const_t<std::remove_pointer_t<decltype(kt)>>;
+          for (int64_t t = 0; t < it.nt; ++t) {
+            if (pos[t] < j0) continue;  // the whole tile is after this token
+            by_head_groups<ScorePass<K>::template F>(G, a.q + (it.t0 + t) * ldq + kvh * G * hd, hd, kt, kstride,
+                                                     sc + t * G * kChunk + (j0 - c0), a.scale);
+          }
+        };
+        if (fast) {  // 16 positions of one block: column d at + d * B
+          score(cache.a_block<E>(a.layer, sp.slot, j0) + kvh * hd * B, B);
+          continue;
         }
+        // Small blocks or an untiled plane: gather the same values into an f32 tile.
+        float* tile = s.tile.data();
+        for (int64_t l = 0; l < kLanes; ++l) {
+          if (j0 + l >= c1) {
+            for (int64_t d = 0; d < hd; ++d) tile[d * kLanes + l] = 0.f;
+          } else if (tiled) {
+            const E* k = cache.a_block<E>(a.layer, sp.slot, j0 + l) + kvh * hd * B;
+            for (int64_t d = 0; d < hd; ++d) tile[d * kLanes + l] = kv_widen(k[d * B]);
+          } else {
+            const E* k = cache.a_row<E>(a.layer, sp.slot, j0 + l) + kvh * hd;
+            for (int64_t d = 0; d < hd; ++d) tile[d * kLanes + l] = kv_widen(k[d]);
+          }
+        }
+        score(static_cast<const float*>(tile), int64_t{kLanes});
+      }
+      // Softmax of the chunk, V sums and the fold, token by token.
+      for (int64_t t = 0; t < it.nt; ++t) {
+        if (pos[t] < c0) continue;
+        const int64_t jn = std::min(c1, pos[t] + 1) - c0;  // keys of this token in the chunk
+        for (int64_t g = 0; g < G; ++g) {
+          float* row = sc + (t * G + g) * kChunk;
+          float m = row[0];
+          for (int64_t j = 1; j < jn; ++j) m = std::max(m, row[j]);
+          v16 lsum = v16{};
+          for (int64_t j0 = 0; j0 < jn; j0 += kLanes) {
+            v16 p = exp_neg(load(row + j0) - m);
+            p = kIota < static_cast<int32_t>(jn - j0) ? p : v16{};
+            store(row + j0, p);
+            lsum = lsum + p;
+          }
+          float lanes[kLanes];
+          store(lanes, lsum);
+          s.cm[g] = m;
+          s.cl[g] = attn_math::lane_sum(lanes);
+        }
+        for (int64_t j = 0; j < jn; ++j) s.vrows[j] = cache.b_row<E>(a.layer, sp.slot, c0 + j) + kvh * hd;
+        const float* p = sc + t * G * kChunk;
+        for (int64_t d0 = 0; d0 < d16; d0 += kLanes)
+          by_head_groups<VPass<E>::template F>(G, p, jn, s.vrows.data(), d0, s.oc.data() + d0, hd);
+        for (int64_t d = d16; d < hd; ++d)  // head_dim tail: the same sums, a scalar per dim
+          for (int64_t g = 0; g < G; ++g) {
+            float acc = 0.f;
+            for (int64_t j = 0; j < jn; ++j)
+              acc = acc + p[g * kChunk + j] * kv_widen(static_cast<const E*>(s.vrows[j])[d]);
+            s.oc[g * hd + d] = acc;
+          }
+        for (int64_t g = 0; g < G; ++g) fold(s.S[t * G + g], s.cm[g], s.cl[g], s.oc.data() + g * hd, hd);
       }
     }
-  } else {
-    for (int64_t j = 0; j < max_ctx; ++j) {
-      const float* v = v_row<E>(cache, a.layer, sp.slot, j, kvh * hd, hd, vbuf);
-      for (int64_t t = 0; t < it.nt; ++t) {
-        if (j > b.positions[it.t0 + t]) continue;
-        for (int64_t g = 0; g < G; ++g) {
-          const float p = sc[(t * G + g) * ld + j];
-          float* o = a.ctx + (it.t0 + t) * ldq + (kvh * G + g) * hd;
-          for (int64_t d = 0; d < hd; ++d) o[d] += p * v[d];
-        }
-      }
+    for (int64_t r = 0; r < rows; ++r)
+      if (!s.S[r].empty) fold(s.R[r], s.S[r].m, s.S[r].l, s.S[r].o, hd);
+  }
+
+  for (int64_t r = 0; r < rows; ++r) {
+    const State& R = s.R[r];
+    if (part) {
+      float* pr = part + r * (2 + hd);
+      pr[0] = R.m;
+      pr[1] = R.empty ? 0.f : R.l;
+      if (!R.empty) std::copy(R.o, R.o + hd, pr + 2);
+    } else {
+      const int64_t t = r / G, g = r % G;
+      float* o = a.ctx + (it.t0 + t) * ldq + (kvh * G + g) * hd;
+      for (int64_t d = 0; d < hd; ++d) o[d] = R.o[d] / R.l;
     }
   }
 }
 
 inline void gqa_attend(const GqaAttendArgs& a) {
   const StepBatch& b = *a.batch;
+  const int64_t hd = a.head_dim, G = a.n_heads / a.n_kv, ldq = a.n_heads * hd;
   thread_local std::vector<Item> items;  // reused: no allocation per layer and step
+  thread_local std::vector<float> parts;
+  thread_local std::vector<int64_t> split_seqs;  // (seq) of the split sequences, then their first part
   items.clear();
-  int64_t work = 0;  // multiply-adds, roughly
-  for (size_t s = 0; s < b.seqs.size(); ++s) {
-    const SeqSpan& sp = b.seqs[s];
-    for (int64_t t0 = 0; t0 < sp.n; t0 += kQBlock)
-      for (int64_t h = 0; h < a.n_kv; ++h)
-        items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h), sp.first + t0,
-                         std::min<int64_t>(kQBlock, sp.n - t0)});
-    work += sp.n * (sp.start_pos + sp.n) * a.n_heads * a.head_dim;
+  split_seqs.clear();
+  int64_t work = 0, n_parts = 0;  // work: multiply-adds, roughly
+  for (size_t si = 0; si < b.seqs.size(); ++si) {
+    const SeqSpan& sp = b.seqs[si];
+    if (sp.n == 0) continue;
+    const int32_t n_spans = static_cast<int32_t>((sp.start_pos + sp.n + kSpan - 1) / kSpan);
+    const bool split = a.schedule == GqaSchedule::split_spans ||
+                       (a.schedule == GqaSchedule::automatic && sp.n <= kQBlock && n_spans > 1);
+    if (split) {
+      split_seqs.push_back(static_cast<int64_t>(si));
+      split_seqs.push_back(n_parts);
+      // One item per (KV head, span) over all the sequence's tokens (up to kQBlock: more
+      // are taken kQBlock at a time, each block its own items).
+      for (int64_t t0 = 0; t0 < sp.n; t0 += kQBlock)
+        for (int32_t h = 0; h < a.n_kv; ++h)
+          for (int32_t span = 0; span < n_spans; ++span)
+            items.push_back({static_cast<int32_t>(si), h, static_cast<int32_t>(sp.first + t0),
+                             static_cast<int32_t>(std::min<int64_t>(kQBlock, sp.n - t0)), span, span + 1,
+                             n_parts++});
+    } else {
+      for (int64_t t0 = 0; t0 < sp.n; t0 += kQBlock)
+        for (int32_t h = 0; h < a.n_kv; ++h)
+          items.push_back({static_cast<int32_t>(si), h, static_cast<int32_t>(sp.first + t0),
+                           static_cast<int32_t>(std::min<int64_t>(kQBlock, sp.n - t0)), 0, n_spans, -1});
+    }
+    work += sp.n * (sp.start_pos + sp.n) * a.n_heads * hd;
   }
+  const int64_t part_len = kQBlock * G * (2 + hd);
+  if (static_cast<int64_t>(parts.size()) < n_parts * part_len) parts.resize(n_parts * part_len);
   const int64_t n = static_cast<int64_t>(items.size());
   const Item* list = items.data();  // the caller's: in the team, `items` names each thread's own
+  float* part_base = parts.data();
   const bool bf16 = a.cache->dtype() == DType::BF16;
   // Small steps run on one thread: waking a team costs more than the work.
-#pragma omp parallel if (n > 1 && work >= (int64_t{1} << 17))
+  const bool par = n > 1 && work >= (int64_t{1} << 17);
+#pragma omp parallel if (par)
   {
     static thread_local Scratch s;
 #pragma omp for schedule(dynamic)
     for (int64_t i = 0; i < n; ++i) {
-      if (bf16) attend_item<uint16_t>(a, list[i], s);
-      else attend_item<float>(a, list[i], s);
+      float* part = list[i].part >= 0 ? part_base + list[i].part * part_len : nullptr;
+      if (bf16) attend_item<uint16_t>(a, list[i], s, part);
+      else attend_item<float>(a, list[i], s, part);
+    }
+  }
+  if (split_seqs.empty()) return;
+  // Merge the split sequences' spans in order: one task per (sequence, token block, KV head).
+  std::vector<Item> merges;
+  for (size_t i = 0; i < split_seqs.size(); i += 2) {
+    const SeqSpan& sp = b.seqs[split_seqs[i]];
+    const int64_t n_spans = (sp.start_pos + sp.n + kSpan - 1) / kSpan;
+    int64_t p = split_seqs[i + 1];
+    for (int64_t t0 = 0; t0 < sp.n; t0 += kQBlock)
+      for (int32_t h = 0; h < a.n_kv; ++h, p += n_spans)
+        merges.push_back({static_cast<int32_t>(split_seqs[i]), h, static_cast<int32_t>(sp.first + t0),
+                          static_cast<int32_t>(std::min<int64_t>(kQBlock, sp.n - t0)), 0,
+                          static_cast<int32_t>(n_spans), p});
+  }
+  const int64_t nm = static_cast<int64_t>(merges.size());
+#pragma omp parallel for schedule(dynamic) if (par && nm > 1)
+  for (int64_t i = 0; i < nm; ++i) {
+    const Item& m = merges[i];
+    std::vector<float> o(hd);
+    for (int64_t r = 0; r < m.nt * G; ++r) {
+      State R;
+      R.o = o.data();
+      for (int64_t span = 0; span < m.span1; ++span) {
+        const float* pr = part_base + (m.part + span) * part_len + r * (2 + hd);
+        if (pr[1] != 0.f) fold(R, pr[0], pr[1], pr + 2, hd);
+      }
+      const int64_t t = r / G, g = r % G;
+      float* out = a.ctx + (m.t0 + t) * ldq + (m.kvh * G + g) * hd;
+      for (int64_t d = 0; d < hd; ++d) out[d] = R.o[d] / R.l;
     }
   }
 }

@@ -14,9 +14,13 @@
 //     to slots with set_blocks(); any free block serves any sequence, so memory follows
 //     the tokens actually held, not max_seq per slot.
 // Rows go in through put_a/put_b (f32 in, rounded to the dtype) and come out widened
-// to f32 (row_a/row_b, exact), or raw (a_row/b_row) for the kernels that widen as they
-// go: every reader sees the same f32 values, so KV-cached decode still equals
+// to f32 (row_a/row_b, exact), or raw (a_row/b_row, a_block) for the kernels that widen
+// as they go: every reader sees the same f32 values, so KV-cached decode still equals
 // recomputing the prefix bit for bit, for either dtype.
+// Plane A may be tiled (KvCacheShape::a_tiled, GQA's K): inside a block, column c of
+// position p sits at c * block_size + p % block_size, so the attention kernel reads 16
+// consecutive positions of one column as one vector load instead of transposing every
+// key it scores (model/attention_kernels.h).
 // Not thread-safe for table changes; concurrent writes to distinct (slot, pos) are fine.
 #pragma once
 
@@ -43,6 +47,9 @@ struct KvCacheShape {
   // f32_to_bf16) when stored, widened exactly when read: half the bytes to hold and
   // to read per decode step, at a relative error of at most 2^-9 per K/V value.
   DType dtype = DType::F32;
+  // Plane A stored position-minor inside each block (GQA's K; see the header comment).
+  // The same bytes, another order: only the readers' addressing changes.
+  bool a_tiled = false;
   bool paged() const { return n_blocks > 0; }
   int64_t blocks_per_slot() const { return (max_seq + block_size - 1) / block_size; }
   int64_t total_blocks() const { return paged() ? n_blocks : n_slots * blocks_per_slot(); }
@@ -109,11 +116,15 @@ class KvCache {
   DType dtype() const { return s_.dtype; }
 
   // Stores a row of a_dim (b_dim) f32 values at (slot, pos), rounded to the dtype.
-  void put_a(int64_t layer, int64_t slot, int64_t pos, const float* src) { put(a_[layer], s_.a_dim, slot, pos, src); }
+  void put_a(int64_t layer, int64_t slot, int64_t pos, const float* src) {
+    if (s_.a_tiled) put_tiled(a_[layer], s_.a_dim, slot, pos, src);
+    else put(a_[layer], s_.a_dim, slot, pos, src);
+  }
   void put_b(int64_t layer, int64_t slot, int64_t pos, const float* src) { put(b_[layer], s_.b_dim, slot, pos, src); }
   // The row at (slot, pos) as f32: the stored row itself for an f32 cache, else widened
   // into buf (a_dim / b_dim floats) and buf returned.
   const float* row_a(int64_t layer, int64_t slot, int64_t pos, float* buf) const {
+    if (s_.a_tiled) return get_tiled(a_[layer], s_.a_dim, slot, pos, buf);
     return get(a_[layer], s_.a_dim, slot, pos, buf);
   }
   const float* row_b(int64_t layer, int64_t slot, int64_t pos, float* buf) const {
@@ -123,13 +134,21 @@ class KvCache {
   // uint16_t holding bf16 bits (BF16); the caller picks E by dtype().
   template <class E>
   const E* a_row(int64_t layer, int64_t slot, int64_t pos) const {
-    MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype));
+    MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype) && !s_.a_tiled);
     return static_cast<const E*>(a_[layer].raw()) + row(slot, pos) * s_.a_dim;
   }
   template <class E>
   const E* b_row(int64_t layer, int64_t slot, int64_t pos) const {
     MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype));
     return static_cast<const E*>(b_[layer].raw()) + row(slot, pos) * s_.b_dim;
+  }
+  // Tiled plane A: the element (pos, column c) is a_block(...)[c * block_size()], i.e.
+  // the pointer is to column 0 of pos inside its block.
+  template <class E>
+  const E* a_block(int64_t layer, int64_t slot, int64_t pos) const {
+    MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype) && s_.a_tiled);
+    const int64_t B = s_.block_size;
+    return static_cast<const E*>(a_[layer].raw()) + tables_[slot][pos / B] * B * s_.a_dim + pos % B;
   }
 
  private:
@@ -144,6 +163,26 @@ class KvCache {
     if (s_.dtype == DType::F32) return static_cast<const float*>(t.raw()) + off;
     const uint16_t* h = static_cast<const uint16_t*>(t.raw()) + off;
     for (int64_t i = 0; i < dim; ++i) buf[i] = bf16_to_f32(h[i]);
+    return buf;
+  }
+  // Tiled plane: element c of (slot, pos) at block * B * dim + c * B + pos % B.
+  int64_t tiled_base(int64_t slot, int64_t pos) const {
+    const int64_t B = s_.block_size;
+    return static_cast<int64_t>(tables_[slot][pos / B]) * B * s_.a_dim + pos % B;
+  }
+  void put_tiled(Tensor& t, int64_t dim, int64_t slot, int64_t pos, const float* src) {
+    const int64_t base = tiled_base(slot, pos), B = s_.block_size;
+    if (s_.dtype == DType::F32)
+      for (int64_t i = 0; i < dim; ++i) static_cast<float*>(t.raw())[base + i * B] = src[i];
+    else
+      for (int64_t i = 0; i < dim; ++i) static_cast<uint16_t*>(t.raw())[base + i * B] = f32_to_bf16(src[i]);
+  }
+  const float* get_tiled(const Tensor& t, int64_t dim, int64_t slot, int64_t pos, float* buf) const {
+    const int64_t base = tiled_base(slot, pos), B = s_.block_size;
+    if (s_.dtype == DType::F32)
+      for (int64_t i = 0; i < dim; ++i) buf[i] = static_cast<const float*>(t.raw())[base + i * B];
+    else
+      for (int64_t i = 0; i < dim; ++i) buf[i] = bf16_to_f32(static_cast<const uint16_t*>(t.raw())[base + i * B]);
     return buf;
   }
   int64_t row(int64_t slot, int64_t pos) const {
