@@ -46,11 +46,11 @@ struct Served {
   std::unique_ptr<serve::ModelEngine> engine;
   std::thread loop;
   Served(const std::string& dir, serve::EngineOptions eo, int64_t kv_blocks, int64_t block_size = 4,
-         DType kv_dtype = DType::F32) {
+         DType kv_dtype = DType::F32, int64_t max_seq = 48) {
     ModelOptions o;
     o.kv_cache_dtype = kv_dtype;
     o.n_slots = eo.max_num_seqs;
-    o.max_seq = 48;
+    o.max_seq = max_seq;
     o.paged_kv = true;
     o.kv_block_size = block_size;
     o.count_experts = true;
@@ -200,9 +200,12 @@ TEST(ServeEngineOne, CancelFreesBlocksAndOthersContinue) {
   const ModelFixture f = qwen3();
   serve::EngineOptions eo;
   eo.max_num_seqs = 4;
-  Served s(f.dir, eo, 0);
+  // `a` asks for 2000 tokens, so it is still running when the cancel arrives: at 30
+  // tokens it could finish first on a loaded machine (the test thread reads one token,
+  // then cancels), and the test would then check nothing about cancelling.
+  Served s(f.dir, eo, 0, 4, DType::F32, 2048);
   s.start();
-  auto a = s.engine->submit(greedy(f.prompts[2], 30));
+  auto a = s.engine->submit(greedy(f.prompts[2], 2000));
   auto b = s.engine->submit(greedy(f.prompts[1], 16));
   serve::Delta d;
   while (d.tokens.empty()) a->read(&d, 50ms);
@@ -211,7 +214,13 @@ TEST(ServeEngineOne, CancelFreesBlocksAndOthersContinue) {
   EXPECT_EQ(rb.ids, f.greedy[1]);
   Result ra = drain(*a);
   EXPECT_EQ(ra.finish, serve::Finish::cancelled);
-  std::this_thread::sleep_for(100ms);
+  EXPECT_LT(ra.ids.size(), 2000u);
+  // The engine returns the blocks when it next looks at its requests: wait for that
+  // (bounded) instead of betting on a fixed sleep.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (s.engine->metrics().find("moe_ep_kv_cache_blocks_used 0\n") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
   EXPECT_NE(s.engine->metrics().find("moe_ep_kv_cache_blocks_used 0\n"), std::string::npos);
 }
 
