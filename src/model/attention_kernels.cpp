@@ -53,7 +53,7 @@ void gqa_attend_reference(const GqaAttendArgs& a) {
             for (int64_t j = 0; j < jn; ++j) {
               const float* k = cache.row_a(a.layer, sp.slot, c0 + j, kbuf.data()) + kvh * hd;
               float s = 0.f;
-              for (int64_t d = 0; d < hd; ++d) s = s + qh[d] * k[d];
+              for (int64_t d = 0; d < hd; ++d) s = fmadd(qh[d], k[d], s);
               sc[j] = s * a.scale;
             }
             float m = sc[0];
@@ -68,7 +68,7 @@ void gqa_attend_reference(const GqaAttendArgs& a) {
             std::fill(ob.begin(), ob.end(), 0.f);
             for (int64_t j = 0; j < jn; ++j) {
               const float* v = cache.row_b(a.layer, sp.slot, c0 + j, vbuf.data()) + kvh * hd;
-              for (int64_t d = 0; d < hd; ++d) ob[d] = ob[d] + sc[j] * v[d];
+              for (int64_t d = 0; d < hd; ++d) ob[d] = fmadd(sc[j], v[d], ob[d]);
             }
             fold(S, m, l, ob.data(), hd);
           }

@@ -11,20 +11,29 @@
 // KV-cached decode step still equals recomputing the prefix, and a prompt served from
 // cached blocks equals a cold one.
 //
-// Everything here is element-wise IEEE arithmetic (no FMA: the build has
-// -ffp-contract=off), written once for a float and once for a 16-lane vector with the
-// same operations in the same order, so a vector lane and the scalar give equal bits.
+// Everything here is element-wise IEEE arithmetic, written once for a float and once
+// for a 16-lane vector with the same operations in the same order, so a vector lane and
+// the scalar give equal bits. The dot products and V sums are fused multiply-adds
+// (fmadd: one rounding per term, as std::fma), explicit because the build has
+// -ffp-contract=off: a zmm/ymm FMA where the ISA has one, std::fma per lane in the
+// portable build (the same bits, slower), never a silent contraction.
 #pragma once
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace moe::attn_math {
 namespace {  // internal linkage: every ISA's translation unit keeps its own copy
 
-#pragma GCC diagnostic push
+// v16 values cross no call boundary between translation units (internal linkage), so
+// the psabi note about passing them without AVX-512 does not apply; GCC reports it at
+// the end of the file, past any push/pop, hence no pop.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 // 64 keys per softmax chunk: the chunk's K tiles (64 x head_dim 128 x 2 bytes = 16 KiB
@@ -38,6 +47,28 @@ constexpr int kLanes = 16;
 
 typedef float v16 __attribute__((vector_size(kLanes * sizeof(float))));
 typedef int32_t vi16 __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+// c + a * b with one rounding (IEEE fusedMultiplyAdd).
+inline float fmadd(float a, float b, float c) { return std::fma(a, b, c); }
+inline v16 fmadd(float a, v16 b, v16 c) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<v16>(
+      _mm512_fmadd_ps(_mm512_set1_ps(a), reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(c)));
+#elif defined(__FMA__)
+  __m256 b2[2], c2[2], r2[2];
+  std::memcpy(b2, &b, sizeof b2);
+  std::memcpy(c2, &c, sizeof c2);
+  const __m256 av = _mm256_set1_ps(a);  // a broadcast, not `v16{} + a` (an add: -0 + 0 is +0)
+  for (int h = 0; h < 2; ++h) r2[h] = _mm256_fmadd_ps(av, b2[h], c2[h]);
+  v16 r;
+  std::memcpy(&r, r2, sizeof r);
+  return r;
+#else
+  v16 r;
+  for (int i = 0; i < kLanes; ++i) r[i] = std::fma(a, b[i], c[i]);
+  return r;
+#endif
+}
 
 // exp(x) for x <= 0 (a score minus the max of its chunk, or of two maxima):
 // 2^n * e^r with n = round(x / ln 2) (ties to even, by the 1.5 * 2^23 trick) and
@@ -125,8 +156,6 @@ inline void fold(State& R, float m, float l, const float* o, int64_t hd) {
   for (int64_t d = 0; d < hd; ++d) R.o[d] = R.o[d] * a + o[d] * b;
   R.m = mn;
 }
-
-#pragma GCC diagnostic pop
 
 }  // namespace
 }  // namespace moe::attn_math
