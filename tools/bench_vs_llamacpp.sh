@@ -3,8 +3,11 @@
 #
 #   tools/bench_vs_llamacpp.sh LLAMA_BUILD_DIR GGUF_DIR CKPT_DIR
 #
-# LLAMA_BUILD_DIR: a llama.cpp build holding bin/llama-bench (this script neither fetches
-#   nor builds llama.cpp; docs/PERF.md says how the numbers were made).
+# LLAMA_BUILD_DIR: a llama.cpp or ik_llama.cpp build holding bin/llama-bench (this script
+#   neither fetches nor builds either; docs/PERF.md says how the numbers were made).
+#   PEER names it in the report (default llama.cpp; ik_llama.cpp for ik's build), and
+#   LLAMA_ARGS adds flags to every llama-bench run (ik: "-fa 1 -fmoe 1", its flash
+#   attention and fused MoE; "-rtr 1" for its run-time repacking).
 # GGUF_DIR: the GGUFs of CKPT_DIR, found by their ftype suffix: *-BF16.gguf, *-Q8_0.gguf,
 #   *-Q4_0.gguf, *-Q4_K_M.gguf (convert_hf_to_gguf.py --outtype bf16, then llama-quantize).
 # CKPT_DIR: the Hugging Face checkpoint both were made from (tools/gen_big_checkpoint.cpp).
@@ -41,7 +44,7 @@
 # KV cache at the mean decode context. moe-ep's bytes come from the checkpoint's shapes
 # with moe-ep's storage: attention, norms, lm_head in bf16, router f32, experts bf16 /
 # int8 + f32 per-channel scale (w8a8) / 4-bit + f32 scale + u8 zero per group (w4a8),
-# KV f32. llama.cpp's come from the GGUF's own tensor table (the bytes of each tensor as
+# KV in moe-ep's --kv-cache-dtype (KV, default bf16). llama.cpp's come from the GGUF's own tensor table (the bytes of each tensor as
 # stored, whatever its quant type), KV f16. The bandwidth is moe-ep's streaming-read
 # probe (the "limits: read bandwidth" of `moe-ep bench`), taken before and after the
 # rounds; the higher of the two is used, so the fractions are not flattered.
@@ -50,7 +53,8 @@
 # binary, default build/moe-ep of this checkout), INT4_GROUP (--int4-group for w4a8;
 # unset: moe-ep's default), LINEARS (--quantize-linears of the w8a8 and w4a8 modes: w8a8,
 # the default, quantises attention and lm_head too, as llama.cpp's Q8_0/Q4 files do;
-# none keeps them bf16), FLOOR (1), OUT (raw logs; default a new /tmp dir).
+# none keeps them bf16), KV (moe-ep's --kv-cache-dtype: bf16, the default, holds what the
+# peers' f16 cache holds per value; f32), FLOOR (1), OUT (raw logs; default a new /tmp dir).
 set -euo pipefail
 
 usage() { sed -n '2,4p' "$0" >&2; exit 2; }
@@ -110,11 +114,13 @@ moe_cmd() {  # MODE -> CMD, the moe-ep command line (the prompt ids in $IDS)
   [ "$1" = w4a8 ] && extra=("${INT4_ARGS[@]}")
   [ "$q" != none ] && [ "$LINEARS" != none ] && extra+=(--quantize-linears "$LINEARS")
   CMD=(env OMP_NUM_THREADS="$THREADS" "$MOE_EP" generate --model "$CKPT" --dtype bf16 --quantize "$q" "${extra[@]}"
-       --prompt-ids "$IDS" --max-new-tokens $((DECODE + 1)) --ignore-eos --quiet)
+       --prompt-ids "$IDS" --max-new-tokens $((DECODE + 1)) --ignore-eos --quiet --kv-cache-dtype "${KV:-bf16}"
+       --max-seq-len $((PREFILL + DECODE + 16)))
 }
 llama_cmd() {  # FTYPE KIND -> CMD, the llama-bench command line
-  if [ "$2" = prefill ]; then CMD=("$LB" -m "$(gguf_of "$1")" -t "$THREADS" -p "$PREFILL" -n 0 -r 1 -o json)
-  else CMD=("$LB" -m "$(gguf_of "$1")" -t "$THREADS" -p 0 -n "$DECODE" -d "$PREFILL" -r 1 -o json); fi
+  local extra=(${LLAMA_ARGS:-})
+  if [ "$2" = prefill ]; then CMD=("$LB" -m "$(gguf_of "$1")" -t "$THREADS" -p "$PREFILL" -n 0 -r 1 -o json "${extra[@]}")
+  else CMD=("$LB" -m "$(gguf_of "$1")" -t "$THREADS" -p 0 -n "$DECODE" -d "$PREFILL" -r 1 -o json "${extra[@]}"); fi
 }
 
 RES=$OUT/results.tsv
@@ -184,9 +190,10 @@ print("commit %s, build %s" % (r.get("build_commit", "?"), r.get("build_number",
 MOE_COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo "?")
 
 echo
-echo "moe-ep vs llama.cpp: $R round(s) $T0 .. $T1, $THREADS threads, prefill $PREFILL tokens, decode $DECODE tokens at batch 1"
+PEER=${PEER:-llama.cpp}
+echo "moe-ep vs $PEER: $R round(s) $T0 .. $T1, $THREADS threads, prefill $PREFILL tokens, decode $DECODE tokens at batch 1"
 echo "CPU: $CPU; flags: $FLAGS; load average before: $LOAD0, after: $LOAD1"
-echo "moe-ep: $MOE_EP (checkout $MOE_COMMIT); llama.cpp: $LB ($LLAMA_COMMIT); checkpoint: $CKPT; GGUFs: $GGUF_DIR; raw: $OUT"
+echo "moe-ep: $MOE_EP (checkout $MOE_COMMIT); $PEER: $LB ($LLAMA_COMMIT${LLAMA_ARGS:+, flags $LLAMA_ARGS}); checkpoint: $CKPT; GGUFs: $GGUF_DIR; raw: $OUT"
 [ "$FLOOR" = 1 ] && echo "read bandwidth (moe-ep probe, GB/s): before ${BW0:-?}, after ${BW1:-?}"
 for s in "${SKIPPED[@]}"; do echo "skipped: $s"; done
 W4_GROUP=${INT4_GROUP:-$("$MOE_EP" generate --help 2>&1 | sed -n 's/.*--int4-group[^=[]*[=[]\([0-9]*\).*/\1/p' | head -1)}
@@ -243,7 +250,7 @@ def moe_bytes(mode):
                 total += n + 4.0 * shape[0]
             else:
                 total += 2.0 * n
-    return total + 4.0 * kv_elems  # KV f32
+    return total + (4.0 if os.environ.get("KV", "bf16") == "f32" else 2.0) * kv_elems  # moe-ep's KV dtype
 
 def gguf_bytes(path):
     """Bytes per decode token from a GGUF's tensor table (stored sizes, any quant type)."""
@@ -288,8 +295,9 @@ def gguf_bytes(path):
 def fmt(x): return f"{x:.1f}" if x else "-"
 def ratio(a, b): return f"{a / b:.2f}" if a and b else "-"
 pairs = [("bf16", "BF16"), ("w8a8", "Q8_0"), ("w4a8", "Q4_0"), ("w4a8", "Q4_K_M")]
-print("| moe-ep | llama.cpp | decode moe-ep | decode llama.cpp | ratio | prefill moe-ep | prefill llama.cpp | ratio |"
-      + (" MB/token moe-ep / llama.cpp | floor frac moe-ep / llama.cpp |" if floor else ""))
+peer = os.environ.get("PEER", "llama.cpp")
+print(f"| moe-ep | {peer} | decode moe-ep | decode {peer} | ratio | prefill moe-ep | prefill {peer} | ratio |"
+      + (f" MB/token moe-ep / {peer} | floor frac moe-ep / {peer} |" if floor else ""))
 print("|---|---|---|---|---|---|---|---|" + ("---|---|" if floor else ""))
 for m, t in pairs:
     md, ld = med.get(("moe", m, "decode")), med.get(("llama", t, "decode"))
@@ -303,6 +311,6 @@ for m, t in pairs:
         mbs = lambda b: f"{b / 1e6:.0f}" if b else "-"
         row += f" {mbs(mb)} / {mbs(lb)} | {fr(md, mb)} / {fr(ld, lb)} |"
     print(row)
-print(f"\ntokens/s, median of {len(next(iter(vals.values()))) if vals else 0} round(s); ratio = moe-ep / llama.cpp"
+print(f"\ntokens/s, median of {len(next(iter(vals.values()))) if vals else 0} round(s); ratio = moe-ep / {peer}"
       + (f"; floor frac = decode tokens/s x bytes per token / {bw:.1f} GB/s" if floor else ""))
 EOF
