@@ -43,9 +43,12 @@ fi
 echo
 echo "== 3. Whole model: greedy generation of 16 tokens for 3 prompts, 1 rank, then 2 ranks (--ep 2)"
 PROMPTS="65;17,60,2,102,92;67,55,100,73,47,83,9,62,21"   # the prompts of $MODEL/golden/greedy.json
-$BIN generate --model $MODEL --prompt-ids "$PROMPTS" --max-new-tokens 16 --ignore-eos | tee "$OUT/gen1.txt"
+# f32 weights and KV cache, as transformers' fp32 golden ran (the default is the
+# checkpoint's own dtype, bf16 here, with a bf16 KV cache).
+$BIN generate --model $MODEL --prompt-ids "$PROMPTS" --max-new-tokens 16 --ignore-eos --dtype f32 \
+  --kv-cache-dtype f32 | tee "$OUT/gen1.txt"
 mpirun -np 2 --oversubscribe $BIN generate --model $MODEL --prompt-ids "$PROMPTS" --max-new-tokens 16 \
-  --ignore-eos --ep 2 --moe-comm alltoall | tee "$OUT/gen2.txt"
+  --ignore-eos --dtype f32 --kv-cache-dtype f32 --ep 2 --moe-comm alltoall | tee "$OUT/gen2.txt"
 if diff <(grep '^prompt' "$OUT/gen1.txt") <(grep '^prompt' "$OUT/gen2.txt") >/dev/null; then
   echo "2 ranks vs 1 rank: the same tokens"
 else

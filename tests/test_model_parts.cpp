@@ -135,14 +135,38 @@ TEST(ModelCli, ForwardWritesGoldenLogits) {
   }
 }
 
+// generate, chat and serve default to the checkpoint's own dtype (config.json's
+// torch_dtype; bf16 for quantised checkpoints) and a bf16 KV cache; forward to f32.
+TEST(ModelCli, DtypeAutoIsTheCheckpointsOwn) {
+  int seen = 0;
+  for (const auto& f : test::model_fixtures()) {
+    const bool bf16 = f.name == "qwen3_moe", f32 = f.name == "mixtral", fp8 = f.name == "deepseek_v3_fp8";
+    if (!bf16 && !f32 && !fp8) continue;
+    ++seen;
+    test::TempDir tmp;
+    std::string out;
+    ASSERT_EQ(test::run_command(std::string(MOE_EP_BINARY) + " generate --quiet --model " + f.dir +
+                                    " --prompt-ids 3,4 --max-new-tokens 2 --output-json " + (tmp / "g.json"),
+                                &out),
+              0)
+        << out;
+    std::ifstream in(tmp / "g.json");
+    const auto j = nlohmann::json::parse(in);
+    // qwen3_moe says bfloat16, mixtral float32, deepseek_v3_fp8 float32 but FP8-quantised.
+    EXPECT_EQ(j["dtype"], f32 ? "f32" : "bf16") << f.name;
+    EXPECT_EQ(j["kv_cache"]["dtype"], "bf16") << f.name;
+  }
+  EXPECT_EQ(seen, 3);
+}
+
 TEST(ModelCli, GenerateMatchesGreedyAndWritesJson) {
   for (const auto& f : test::model_fixtures()) {
     if (f.name != "mixtral" && f.name != "qwen3_moe_fp8") continue;
     test::TempDir tmp;
     std::string out;
     const int rc = test::run_command(std::string(MOE_EP_BINARY) + " generate --model " + f.dir + " --prompt-ids \"" +
-                                         ids_arg(f.prompts) + "\" --max-new-tokens 16 --ignore-eos --output-json " +
-                                         (tmp / "g.json"),
+                                         ids_arg(f.prompts) + "\" --max-new-tokens 16 --ignore-eos --dtype f32 "
+                                         "--kv-cache-dtype f32 --output-json " + (tmp / "g.json"),
                                      &out);
     ASSERT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("prefill"), std::string::npos) << out;

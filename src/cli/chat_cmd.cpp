@@ -198,7 +198,10 @@ Verb add_chat_verb(CLI::App& app) {
   c->add_option("--top-p", o->top_p, "Nucleus sampling threshold in (0, 1]")->capture_default_str();
   c->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
   add_chat_flags(c, o->chat);
-  return {c, [o] { return run_chat(*o); }};
+  return {c, [o] {
+    resolve_auto_dtype(o->common);
+    return run_chat(*o);
+  }};
 }
 
 }  // namespace moe

@@ -246,6 +246,10 @@ std::vector<Verb> add_model_verbs(CLI::App& app) {
     auto o = std::make_shared<CommonOpts>();
     auto out = std::make_shared<std::string>();
     auto quiet = std::make_shared<bool>(false);
+    // forward writes logits to check against references: f32 weights and KV cache
+    // unless asked (--dtype auto, --kv-cache-dtype bf16).
+    o->dtype = "f32";
+    o->kv_cache_dtype = "f32";
     CLI::App* f = app.add_subcommand(
         "forward",
         "Run a batch of prompts through a whole model once (prefill) and write the logits of every position: "
@@ -254,7 +258,10 @@ std::vector<Verb> add_model_verbs(CLI::App& app) {
     f->get_option("--prompt-ids")->required();
     f->add_option("--logits", *out, "safetensors file to write (rank 0 writes it)")->required();
     f->add_flag("--quiet", *quiet, "Print nothing on success");
-    verbs.push_back({f, [o, out, quiet] { return run_forward(*o, *out, *quiet); }});
+    verbs.push_back({f, [o, out, quiet] {
+      resolve_auto_dtype(*o);
+      return run_forward(*o, *out, *quiet);
+    }});
   }
   {
     auto o = std::make_shared<CommonOpts>();
@@ -303,7 +310,10 @@ std::vector<Verb> add_model_verbs(CLI::App& app) {
     gc->add_option("--expert-load-out", g->expert_load_out,
                    "Write the tokens routed to each expert of each MoE layer over the run here (JSON; the input of "
                    "`moe-ep eplb --load`)");
-    verbs.push_back({gc, [o, g] { return run_generate(*o, *g); }});
+    verbs.push_back({gc, [o, g] {
+      resolve_auto_dtype(*o);
+      return run_generate(*o, *g);
+    }});
   }
   verbs.push_back(add_bench_model_verb(app));
   return verbs;

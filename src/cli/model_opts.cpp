@@ -7,7 +7,13 @@
 #include <algorithm>
 #include <chrono>
 
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
 #include "comm/consistency.h"
+#include "loader/safetensors.h"
 #include "core/check.h"
 #include "runtime/runner.h"
 
@@ -33,6 +39,42 @@ void add_kv_cache_dtype_option(CLI::App* cmd, std::string& dtype) {
       ->capture_default_str();
 }
 
+void add_dtype_option(CLI::App* cmd, std::string& dtype) {
+  cmd->add_option("--dtype", dtype,
+                  "Compute dtype of the weights: auto (the checkpoint's own, from config.json's torch_dtype: bf16 "
+                  "for bfloat16/float16 and quantised checkpoints, whose FP8 codes stay in memory; f32 for float32), "
+                  "f32, or bf16 (bf16 weights and GEMM inputs, f32 activations and accumulation)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}))
+      ->capture_default_str();
+}
+
+void resolve_auto_dtype(CommonOpts& o) {
+  if (o.dtype != "auto") return;
+  o.dtype = "f32";
+  std::ifstream in(o.model_dir + "/config.json");
+  if (!in) return;  // the load names the missing file
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json c;
+  try {
+    c = parse_json_strict(text.str(), o.model_dir + "/config.json");
+  } catch (const std::exception&) {
+    return;  // the load reports the broken file with its own message
+  }
+  if (!c.is_object()) return;
+  if (c.contains("quantization_config")) {
+    o.dtype = "bf16";
+    return;
+  }
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    const auto it = c.find(key);
+    if (it == c.end() || !it->is_string()) continue;
+    const std::string t = it->get<std::string>();
+    if (t == "bfloat16" || t == "float16" || t == "bf16" || t == "fp16" || t == "half") o.dtype = "bf16";
+    return;
+  }
+}
+
 void add_common(CLI::App* cmd, CommonOpts& o) {
   cmd->add_option("--model", o.model_dir, "Model directory: config.json and *.safetensors (Hugging Face layout)")
       ->required()
@@ -40,10 +82,7 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
   cmd->add_option("--prompt-ids", o.prompt_ids,
                   "Prompts as token ids: ids separated by ',', prompts by ';' (e.g. \"1,2,3;4,5\"); all prompts run "
                   "as one batch");
-  cmd->add_option("--dtype", o.dtype,
-                  "Weight dtype: f32, or bf16 (bf16 weights and GEMM inputs, f32 activations and accumulation)")
-      ->check(CLI::IsMember({"f32", "bf16"}))
-      ->capture_default_str();
+  add_dtype_option(cmd, o.dtype);
   cmd->add_option("--quantize", o.quantize,
                   "Quantise the routed experts at load: w8a8 = SmoothQuant int8 weights (per-output-channel scales "
                   "absmax/127, smooth = 1) and per-token dynamic int8 activations; the router stays f32, and the "
@@ -98,6 +137,7 @@ Loaded load(const CommonOpts& o, int64_t max_new, bool count_experts, const std:
   int64_t longest = 0;
   for (const auto& p : L.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
   ModelOptions mo;
+  MOE_CHECK(o.dtype != "auto", "internal: --dtype auto not resolved before load (resolve_auto_dtype)");
   mo.dtype = parse_dtype(o.dtype);
   mo.quantize_w8a8 = o.quantize == "w8a8";
   mo.quantize_w4a8 = o.quantize == "w4a8";

@@ -161,9 +161,8 @@ Verb add_serve_verb(CLI::App& app) {
   s->add_option("--model", c.model_dir, "Model directory: config.json, *.safetensors and the tokenizer files")
       ->required()
       ->check(CLI::ExistingDirectory);
-  s->add_option("--dtype", c.dtype, "Weight dtype: f32, or bf16 (bf16 weights and GEMM inputs, f32 accumulation)")
-      ->check(CLI::IsMember({"f32", "bf16"}))
-      ->capture_default_str();
+  add_dtype_option(s, c.dtype);
+  add_kv_cache_dtype_option(s, c.kv_cache_dtype);
   s->add_option("--quantize", c.quantize,
                 "Quantise the routed experts at load: none, w8a8 or w4a8 (see `generate --help`)")
       ->check(CLI::IsMember({"none", "w8a8", "w4a8"}))
@@ -196,7 +195,7 @@ Verb add_serve_verb(CLI::App& app) {
   s->add_option("--kv-cache-mem", o->kv_cache_gib,
                 "KV-cache size in GiB, allocated once as blocks shared by all requests (default 0: enough for "
                 "--max-num-seqs requests at the full context, at most 4 GiB); a request waits until its prompt + "
-                "max_tokens fit. With --kv-cache-dtype bf16 the same GiB hold twice the tokens")
+                "max_tokens fit. The default --kv-cache-dtype bf16 holds twice the tokens of f32 in the same GiB")
       ->check(CLI::NonNegativeNumber);
   s->add_option("--kv-block-size", o->kv_block_size, "Positions per KV-cache block")
       ->check(CLI::Range(1, 4096))
@@ -208,7 +207,10 @@ Verb add_serve_verb(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_chat_flags(s, o->chat);
-  return {s, [o] { return run_serve(*o); }};
+  return {s, [o] {
+    resolve_auto_dtype(o->common);
+    return run_serve(*o);
+  }};
 }
 
 }  // namespace moe
