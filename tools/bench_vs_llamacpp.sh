@@ -117,10 +117,16 @@ moe_cmd() {  # MODE -> CMD, the moe-ep command line (the prompt ids in $IDS)
        --prompt-ids "$IDS" --max-new-tokens $((DECODE + 1)) --ignore-eos --quiet --kv-cache-dtype "${KV:-bf16}"
        --max-seq-len $((PREFILL + DECODE + 16)))
 }
+# Decode after PREFILL tokens of context: mainline llama-bench's -d (depth); ik_llama.cpp's
+# llama-bench has no -d but -gp PP,TG, which times only the TG tokens after a PP prompt.
+LB_HELP=$("$LB" --help 2>&1 || true)
+if [[ "$LB_HELP" == *"--n-depth"* ]]; then DECODE_AT=(-n "$DECODE" -d "$PREFILL")
+elif [[ "$LB_HELP" == *"-gp <pp,tg>"* ]]; then DECODE_AT=(-n 0 -gp "$PREFILL,$DECODE")
+else die "$LB has neither -d (depth) nor -gp: cannot time decode at a context"; fi
 llama_cmd() {  # FTYPE KIND -> CMD, the llama-bench command line
   local extra=(${LLAMA_ARGS:-})
   if [ "$2" = prefill ]; then CMD=("$LB" -m "$(gguf_of "$1")" -t "$THREADS" -p "$PREFILL" -n 0 -r 1 -o json "${extra[@]}")
-  else CMD=("$LB" -m "$(gguf_of "$1")" -t "$THREADS" -p 0 -n "$DECODE" -d "$PREFILL" -r 1 -o json "${extra[@]}"); fi
+  else CMD=("$LB" -m "$(gguf_of "$1")" -t "$THREADS" -p 0 "${DECODE_AT[@]}" -r 1 -o json "${extra[@]}"); fi
 }
 
 RES=$OUT/results.tsv
