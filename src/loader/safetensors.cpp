@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/json_brief.h"
+#include "loader/mapped_file.h"
 
 namespace moe {
 
@@ -113,29 +114,10 @@ nlohmann::json parse_json_strict(const std::string& text, const std::string& wha
 std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   const std::string where = fmt::format("safetensors file '{}'", path);
 
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MOE_CHECK(fd >= 0, "{}: cannot open: {}", where, errno_str());
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const std::string err = errno_str();
-    ::close(fd);
-    MOE_FAIL("{}: cannot stat: {}", where, err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    MOE_FAIL("{}: expected a regular file", where);
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
-    MOE_FAIL("{}: file is {} bytes, expected at least 8 (the header length)", where, size);
-  }
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const std::string mmap_err = base == MAP_FAILED ? errno_str() : "";
-  ::close(fd);
-  MOE_CHECK(base != MAP_FAILED, "{}: mmap of {} bytes failed: {}", where, size, mmap_err);
-
-  return from_bytes(std::shared_ptr<void>(base, [size](void* p) { ::munmap(p, size); }), size, path);
+  MappedFile m = map_file_readonly(path, where, 8, [](uint64_t size) {
+    return fmt::format("file is {} bytes, expected at least 8 (the header length)", size);
+  });
+  return from_bytes(std::move(m.data), m.size, path);
 }
 
 std::shared_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::shared_ptr<void> data, uint64_t size,

@@ -1,11 +1,6 @@
 // GgufFile: mapping a file and validating its header, metadata and tensor infos.
 #include "loader/gguf/gguf_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -14,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "core/check.h"
+#include "loader/mapped_file.h"
 
 namespace moe::gguf {
 
@@ -314,28 +310,10 @@ std::string value_type_name(ValueType t) {
 
 std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
   const std::string where = where_of(path);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MOE_CHECK(fd >= 0, "{}: cannot open: {}", where, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const std::string err = std::strerror(errno);
-    ::close(fd);
-    MOE_FAIL("{}: cannot stat: {}", where, err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    MOE_FAIL("{}: expected a regular file", where);
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < kHeaderBytes) {  // also keeps mmap away from a 0-byte length
-    ::close(fd);
-    MOE_FAIL("{}: truncated: the file is {} bytes, the header alone needs {}", where, size, kHeaderBytes);
-  }
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const std::string mmap_err = base == MAP_FAILED ? std::strerror(errno) : "";
-  ::close(fd);
-  MOE_CHECK(base != MAP_FAILED, "{}: mmap of {} bytes failed: {}", where, size, mmap_err);
-  return from_bytes(std::shared_ptr<void>(base, [size](void* p) { ::munmap(p, size); }), size, path);
+  MappedFile m = map_file_readonly(path, where, kHeaderBytes, [](uint64_t size) {
+    return fmt::format("truncated: the file is {} bytes, the header alone needs {}", size, kHeaderBytes);
+  });
+  return from_bytes(std::move(m.data), m.size, path);
 }
 
 std::shared_ptr<GgufFile> GgufFile::from_bytes(std::shared_ptr<void> data, uint64_t size, const std::string& path) {
