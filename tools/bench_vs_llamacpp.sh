@@ -89,7 +89,7 @@ moe_has() { local h; h=$("$MOE_EP" generate --help 2>&1); [[ "$h" == *"$1"* ]]; 
 
 # Jobs: "moe MODE" or "llama FTYPE"; pairs: moe mode -> llama ftypes.
 declare -A PAIR=([bf16]="BF16" [w8a8]="Q8_0" [w4a8]="Q4_0 Q4_K_M")
-MODES=(bf16 w8a8 w4a8)
+MODES=(${MODES:-bf16 w8a8 w4a8})  # MODES="bf16 w4a8": a subset
 JOBS=() SKIPPED=()
 for m in "${MODES[@]}"; do
   if [ "$m" = w4a8 ] && ! moe_has w4a8; then SKIPPED+=("moe-ep $m: this build has no --quantize $m")

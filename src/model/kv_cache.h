@@ -147,8 +147,7 @@ class KvCache {
   template <class E>
   const E* a_block(int64_t layer, int64_t slot, int64_t pos) const {
     MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype) && s_.a_tiled);
-    const int64_t B = s_.block_size;
-    return static_cast<const E*>(a_[layer].raw()) + tables_[slot][pos / B] * B * s_.a_dim + pos % B;
+    return static_cast<const E*>(a_[layer].raw()) + tiled_base(slot, pos);
   }
 
  private:
