@@ -1,7 +1,7 @@
 // Private to attention_kernels*.cpp: the GQA attention body (flash attention over the
 // KV cache), compiled once for the baseline ISA, once with AVX2 and once with AVX-512
-// (GCC vector extensions: the same element-wise multiplies and adds either way, so the
-// same bits; model/attention_math.h defines the arithmetic).
+// (GCC vector extensions and explicit FMAs: the same element-wise operations either
+// way, so the same bits; model/attention_math.h defines the arithmetic).
 //
 // Work items: (sequence, KV head, up to kQBlock of the step's new tokens, a range of
 // spans). Prefill items take every span of their tokens (no partial states to keep);
@@ -11,7 +11,7 @@
 //
 // Inside an item, per chunk of kChunk keys:
 //   scores: 16 keys per vector (a lane per key), each the sequential dot product over
-//     head_dim; the K plane is tiled (KvCache a_tiled), so the 16 keys of one column
+//     head_dim (a fused multiply-add per term); the K plane is tiled (KvCache a_tiled), so the 16 keys of one column
 //     are one load (f32) or one widening load (bf16), and every query head of the KV
 //     head (GQA: Qwen3-30B-A3B has 8) is scored against that load: the K bytes are read
 //     once per item, not once per head;
@@ -297,11 +297,13 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
 inline void gqa_attend(const GqaAttendArgs& a) {
   const StepBatch& b = *a.batch;
   const int64_t hd = a.head_dim, G = a.n_heads / a.n_kv, ldq = a.n_heads * hd;
-  thread_local std::vector<Item> items;  // reused: no allocation per layer and step
-  thread_local std::vector<float> parts;
-  thread_local std::vector<int64_t> split_seqs;  // (seq) of the split sequences, then their first part
+  // Reused: no allocation per layer and step. Inside the parallel regions these names
+  // would be each thread's own copies, so the regions use the pointers taken below.
+  thread_local std::vector<Item> items;   // the work
+  thread_local std::vector<Item> merges;  // split sequences: one per (token block, KV head), part = its first span's
+  thread_local std::vector<float> parts;  // split items' states: [item][rows][2 + head_dim]
   items.clear();
-  split_seqs.clear();
+  merges.clear();
   int64_t work = 0, n_parts = 0;  // work: multiply-adds, roughly
   for (size_t si = 0; si < b.seqs.size(); ++si) {
     const SeqSpan& sp = b.seqs[si];
@@ -309,29 +311,33 @@ inline void gqa_attend(const GqaAttendArgs& a) {
     const int32_t n_spans = static_cast<int32_t>((sp.start_pos + sp.n + kSpan - 1) / kSpan);
     const bool split = a.schedule == GqaSchedule::split_spans ||
                        (a.schedule == GqaSchedule::automatic && sp.n <= kQBlock && n_spans > 1);
-    if (split) {
-      split_seqs.push_back(static_cast<int64_t>(si));
-      split_seqs.push_back(n_parts);
-      // One item per (KV head, span) over all the sequence's tokens (up to kQBlock: more
-      // are taken kQBlock at a time, each block its own items).
-      for (int64_t t0 = 0; t0 < sp.n; t0 += kQBlock)
-        for (int32_t h = 0; h < a.n_kv; ++h)
-          for (int32_t span = 0; span < n_spans; ++span)
-            items.push_back({static_cast<int32_t>(si), h, static_cast<int32_t>(sp.first + t0),
-                             static_cast<int32_t>(std::min<int64_t>(kQBlock, sp.n - t0)), span, span + 1,
-                             n_parts++});
-    } else {
-      for (int64_t t0 = 0; t0 < sp.n; t0 += kQBlock)
-        for (int32_t h = 0; h < a.n_kv; ++h)
-          items.push_back({static_cast<int32_t>(si), h, static_cast<int32_t>(sp.first + t0),
-                           static_cast<int32_t>(std::min<int64_t>(kQBlock, sp.n - t0)), 0, n_spans, -1});
-    }
+    for (int64_t t0 = 0; t0 < sp.n; t0 += kQBlock)
+      for (int32_t h = 0; h < a.n_kv; ++h) {
+        const Item whole{static_cast<int32_t>(si), h, static_cast<int32_t>(sp.first + t0),
+                         static_cast<int32_t>(std::min<int64_t>(kQBlock, sp.n - t0)), 0, n_spans, -1};
+        if (!split) {
+          items.push_back(whole);
+          continue;
+        }
+        // One item per span, its states merged in span order afterwards.
+        Item m = whole;
+        m.part = n_parts;
+        merges.push_back(m);
+        for (int32_t span = 0; span < n_spans; ++span) {
+          Item one = whole;
+          one.span0 = span;
+          one.span1 = span + 1;
+          one.part = n_parts++;
+          items.push_back(one);
+        }
+      }
     work += sp.n * (sp.start_pos + sp.n) * a.n_heads * hd;
   }
   const int64_t part_len = kQBlock * G * (2 + hd);
   if (static_cast<int64_t>(parts.size()) < n_parts * part_len) parts.resize(n_parts * part_len);
-  const int64_t n = static_cast<int64_t>(items.size());
-  const Item* list = items.data();  // the caller's: in the team, `items` names each thread's own
+  const int64_t n = static_cast<int64_t>(items.size()), nm = static_cast<int64_t>(merges.size());
+  const Item* list = items.data();
+  const Item* mlist = merges.data();
   float* part_base = parts.data();
   const bool bf16 = a.cache->dtype() == DType::BF16;
   // Small steps run on one thread: waking a team costs more than the work.
@@ -346,24 +352,12 @@ inline void gqa_attend(const GqaAttendArgs& a) {
       else attend_item<float>(a, list[i], s, part);
     }
   }
-  if (split_seqs.empty()) return;
-  // Merge the split sequences' spans in order: one task per (sequence, token block, KV head).
-  std::vector<Item> merges;
-  for (size_t i = 0; i < split_seqs.size(); i += 2) {
-    const SeqSpan& sp = b.seqs[split_seqs[i]];
-    const int64_t n_spans = (sp.start_pos + sp.n + kSpan - 1) / kSpan;
-    int64_t p = split_seqs[i + 1];
-    for (int64_t t0 = 0; t0 < sp.n; t0 += kQBlock)
-      for (int32_t h = 0; h < a.n_kv; ++h, p += n_spans)
-        merges.push_back({static_cast<int32_t>(split_seqs[i]), h, static_cast<int32_t>(sp.first + t0),
-                          static_cast<int32_t>(std::min<int64_t>(kQBlock, sp.n - t0)), 0,
-                          static_cast<int32_t>(n_spans), p});
-  }
-  const int64_t nm = static_cast<int64_t>(merges.size());
+  if (nm == 0) return;
 #pragma omp parallel for schedule(dynamic) if (par && nm > 1)
   for (int64_t i = 0; i < nm; ++i) {
-    const Item& m = merges[i];
-    std::vector<float> o(hd);
+    const Item& m = mlist[i];
+    static thread_local std::vector<float> o;
+    o.resize(hd);
     for (int64_t r = 0; r < m.nt * G; ++r) {
       State R;
       R.o = o.data();
