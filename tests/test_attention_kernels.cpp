@@ -13,6 +13,7 @@
 
 #include "core/cpu.h"
 #include "model/attention_kernels.h"
+#include "model/attention_math.h"
 #include "test_util.h"
 #include "test_isa.h"
 
@@ -143,6 +144,34 @@ TEST(AttentionKernels, BitwiseEqualToThePlainLoop) {
   run_case({8, 2, 24, {{0, 9}, {3, 1}, {60, 1}}}, 2);     // prefill + decode, head_dim not a multiple of 16
   run_case({4, 4, 16, {{10, 20}, {0, 1}}}, 3);            // MHA, chunked prefill after a cached prefix
   run_case({6, 2, 32, {{70, 1}, {5, 1}, {0, 3}}}, 4);     // decode batch
+}
+
+// The exp of the online softmax (attn_math::exp_neg) against the C library's in double:
+// within 2 ulp of the float result on [-87, 0] (the header's claim: the polynomial is
+// accurate to < 2 ulp on the reduced interval), 0 below -87 and NaN for NaN, and each
+// vector lane equal to the scalar, so kernel and plain loop share its bits.
+TEST(AttentionMath, ExpWithinTwoUlpAndVectorEqualsScalar) {
+  using namespace attn_math;
+  double worst_ulp = 0;
+  for (int i = 0; i <= 1 << 20; ++i) {
+    const float x = -87.f * static_cast<float>(i) / (1 << 20);
+    const float got = exp_neg(x);
+    const double want = std::exp(static_cast<double>(x));
+    const double ulp = std::nextafter(static_cast<float>(want), INFINITY) - static_cast<float>(want);
+    worst_ulp = std::max(worst_ulp, std::fabs(got - want) / ulp);
+    if ((i & 255) == 0) {
+      v16 xs = v16{} + x;
+      xs[5] = -90.f;
+      const v16 y = exp_neg(xs);
+      ASSERT_EQ(std::memcmp(&y[0], &got, sizeof got), 0) << x;
+      ASSERT_EQ(y[5], 0.f);
+    }
+  }
+  EXPECT_LE(worst_ulp, 2.0);
+  EXPECT_EQ(exp_neg(0.f), 1.f);
+  EXPECT_EQ(exp_neg(-88.f), 0.f);
+  EXPECT_EQ(exp_neg(-INFINITY), 0.f);
+  EXPECT_TRUE(std::isnan(exp_neg(NAN)));
 }
 
 // Contexts of several spans (256 positions) and chunks (64): decode split over spans,
