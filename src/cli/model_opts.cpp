@@ -7,13 +7,10 @@
 #include <algorithm>
 #include <chrono>
 
-#include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
 
 #include "comm/consistency.h"
-#include "loader/safetensors.h"
+#include "loader/checkpoint.h"
 #include "core/check.h"
 #include "runtime/runner.h"
 
@@ -50,18 +47,11 @@ void add_dtype_option(CLI::App* cmd, std::string& dtype) {
 
 void resolve_auto_dtype(CommonOpts& o) {
   if (o.dtype != "auto") return;
+  // The checkpoint's own reading of config.json (lazy: no shard is mapped here), so a
+  // missing or broken file fails with the message the load itself gives.
+  const Checkpoint ck = Checkpoint::open(o.model_dir);
+  const nlohmann::json& c = ck.config();
   o.dtype = "f32";
-  std::ifstream in(o.model_dir + "/config.json");
-  if (!in) return;  // the load names the missing file
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json c;
-  try {
-    c = parse_json_strict(text.str(), o.model_dir + "/config.json");
-  } catch (const std::exception&) {
-    return;  // the load reports the broken file with its own message
-  }
-  if (!c.is_object()) return;
   if (c.contains("quantization_config")) {
     o.dtype = "bf16";
     return;
