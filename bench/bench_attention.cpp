@@ -13,13 +13,13 @@
 //                   [--prefill 512,4096] [--dtype bf16|f32] [--repeats 5] [--threads N]
 // Defaults: Qwen3-30B-A3B's attention (32 query heads, 4 KV heads, head_dim 128), bf16 cache.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cli/bench_common.h"
 #include "core/check.h"
 #include "core/cpu.h"
 #include "core/threads.h"
@@ -39,12 +39,8 @@ std::vector<int64_t> parse_list(const char* s) {
   return v;
 }
 
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
+using bench::now_s;
 
 struct AttnShape {
   int64_t heads = 32, kv = 4, hd = 128;
