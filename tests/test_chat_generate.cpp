@@ -2,7 +2,8 @@
 // models with a tokenizer and a chat template, made by tools/gen_chat_fixtures.py):
 // the rendered prompt, its ids, transformers' greedy ids (stopping at EOS, and with EOS
 // disabled) and the decoded text all equal transformers'; the same through the CLI
-// (`moe-ep generate --chat / --prompt --output-json`) and through the server's engine.
+// (`moe-ep generate --chat / --prompt --output-json`) and through the server's engine;
+// and chat_qwen3 as a GGUF file gives the same.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -11,6 +12,9 @@
 #include <cstdio>
 #include <fstream>
 
+#include "loader/gguf/gguf_checkpoint.h"
+#include "loader/gguf/gguf_file.h"
+#include "loader/gguf/gguf_tokenizer.h"
 #include "model/model.h"
 #include "runtime/generate.h"
 #include "test_model_util.h"
@@ -30,16 +34,36 @@ void PrintTo(const ChatFixture& f, std::ostream* os) { *os << f.name; }
 
 std::vector<ChatFixture> chat_fixtures() {
   std::vector<ChatFixture> out;
-  for (const char* n : {"chat_qwen3", "chat_deepseek_v3"}) {
+  // chat_qwen3_gguf: chat_qwen3 as a GGUF file (tests/fixtures/gguf/models, written by
+  // tools/gen_gguf_model_fixtures.py as convert_hf_to_gguf.py writes it), its tokenizer
+  // and template from the tokenizer.* metadata; transformers' goldens of the directory.
+  for (const char* n : {"chat_qwen3", "chat_deepseek_v3", "chat_qwen3_gguf"}) {
     ChatFixture f;
     f.name = n;
-    f.dir = test::fixtures_dir() + "/" + n;
-    std::ifstream in(f.dir + "/golden/chat_greedy.json");
-    if (!in) ADD_FAILURE() << "missing " << f.dir << "/golden/chat_greedy.json";
+    const std::string src = f.name == "chat_qwen3_gguf" ? "chat_qwen3" : f.name;
+    f.dir = f.name == "chat_qwen3_gguf" ? test::fixtures_dir() + "/gguf/models/chat_qwen3-BF16.gguf"
+                                        : test::fixtures_dir() + "/" + src;
+    const std::string golden = test::fixtures_dir() + "/" + src + "/golden/chat_greedy.json";
+    std::ifstream in(golden);
+    if (!in) ADD_FAILURE() << "missing " << golden;
     else f.golden = nlohmann::json::parse(in);
     out.push_back(std::move(f));
   }
   return out;
+}
+
+// The tokenizer and chat template of a fixture directory or GGUF file (as the CLI's
+// load_text_model reads them).
+struct TextOf {
+  std::unique_ptr<text::Tokenizer> tok;
+  std::unique_ptr<text::ChatTemplate> tmpl;
+};
+TextOf text_of(const std::string& path) {
+  if (!gguf::is_gguf_file(path))
+    return {text::Tokenizer::from_dir(path), std::make_unique<text::ChatTemplate>(text::ChatTemplate::from_dir(path))};
+  const gguf::TokenizerFiles files = gguf::tokenizer_files(gguf::GgufModel::open(path).metadata(), path);
+  return {text::Tokenizer::from_json(files.tokenizer_json, files.tokenizer_config_json, path),
+          std::make_unique<text::ChatTemplate>(files.chat_template, path)};
 }
 
 std::vector<int32_t> prompt_ids(const text::Tokenizer& tok, const text::ChatTemplate& tmpl, const nlohmann::json& p,
@@ -63,8 +87,9 @@ class ChatGenerate : public ::testing::TestWithParam<ChatFixture> {};
 TEST_P(ChatGenerate, PromptsIdsAndGreedyTextEqualTransformers) {
   const ChatFixture& f = GetParam();
   ASSERT_FALSE(f.golden.is_null());
-  auto tok = text::Tokenizer::from_dir(f.dir);
-  const text::ChatTemplate tmpl = text::ChatTemplate::from_dir(f.dir);
+  TextOf t = text_of(f.dir);
+  auto& tok = t.tok;
+  const text::ChatTemplate& tmpl = *t.tmpl;
   auto m = test::load_model(f.dir, DType::F32, 1, 128);
   int stopped = 0;
   for (const auto& p : f.golden["prompts"]) {

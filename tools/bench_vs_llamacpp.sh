@@ -23,7 +23,11 @@
 #   llama-quantize ckpt-BF16.gguf ckpt-{Q8_0,Q4_0,Q4_K_M}.gguf {Q8_0,Q4_0,Q4_K_M}.
 #
 # Cases, each moe-ep mode against the llama.cpp type of the same weight width:
-#   bf16 vs BF16, --quantize w8a8 vs Q8_0, --quantize w4a8 vs Q4_0 and Q4_K_M.
+#   bf16 vs BF16, --quantize w8a8 vs Q8_0, --quantize w4a8 vs Q4_0 and Q4_K_M;
+#   and with mode "gguf" in MODES, moe-ep on the very GGUF file the peer runs, for each
+#   type in GGUF_TYPES (default "BF16 Q4_0"): rows "gguf:TYPE" (moe-ep keeps Q4_0 experts
+#   4-bit exactly and dequantises the other quantised tensors to bf16, or with LINEARS
+#   w8a8 requantises attention and lm_head to int8).
 # A case whose GGUF is missing, or that this moe-ep build lacks (w4a8), prints "-".
 #
 # Each of R rounds runs every case of both engines once, one process at a time, in a
@@ -92,10 +96,19 @@ declare -A PAIR=([bf16]="BF16" [w8a8]="Q8_0" [w4a8]="Q4_0 Q4_K_M")
 MODES=(${MODES:-bf16 w8a8 w4a8})  # MODES="bf16 w4a8": a subset
 JOBS=() SKIPPED=()
 for m in "${MODES[@]}"; do
+  if [ "$m" = gguf ]; then
+    for t in ${GGUF_TYPES:-BF16 Q4_0}; do
+      if [ -z "$(gguf_of "$t")" ]; then SKIPPED+=("moe-ep gguf:$t: no *-$t.gguf in $GGUF_DIR"); continue; fi
+      JOBS+=("moe gguf:$t")
+      [[ " ${JOBS[*]} " == *" llama $t "* ]] || JOBS+=("llama $t")
+    done
+    continue
+  fi
   if [ "$m" = w4a8 ] && ! moe_has w4a8; then SKIPPED+=("moe-ep $m: this build has no --quantize $m")
   else JOBS+=("moe $m"); fi
   for t in ${PAIR[$m]}; do
-    if [ -n "$(gguf_of "$t")" ]; then JOBS+=("llama $t"); else SKIPPED+=("llama.cpp $t: no *-$t.gguf in $GGUF_DIR"); fi
+    if [[ " ${JOBS[*]} " == *" llama $t "* ]]; then continue
+    elif [ -n "$(gguf_of "$t")" ]; then JOBS+=("llama $t"); else SKIPPED+=("llama.cpp $t: no *-$t.gguf in $GGUF_DIR"); fi
   done
 done
 
@@ -109,11 +122,15 @@ INT4_ARGS=()
 [ -n "${INT4_GROUP:-}" ] && INT4_ARGS=(--int4-group "$INT4_GROUP")
 LINEARS=${LINEARS:-w8a8}
 moe_cmd() {  # MODE -> CMD, the moe-ep command line (the prompt ids in $IDS)
-  local q=$1 extra=()
+  local q=$1 extra=() model=$CKPT
+  if [[ $1 == gguf:* ]]; then  # the peer's own file; experts as stored
+    model=$(gguf_of "${1#gguf:}") q=none
+    [ "${1#gguf:}" != BF16 ] && [ "$LINEARS" != none ] && extra+=(--quantize-linears "$LINEARS")
+  fi
   [ "$q" = bf16 ] && q=none
   [ "$1" = w4a8 ] && extra=("${INT4_ARGS[@]}")
   [ "$q" != none ] && [ "$LINEARS" != none ] && extra+=(--quantize-linears "$LINEARS")
-  CMD=(env OMP_NUM_THREADS="$THREADS" "$MOE_EP" generate --model "$CKPT" --dtype bf16 --quantize "$q" "${extra[@]}"
+  CMD=(env OMP_NUM_THREADS="$THREADS" "$MOE_EP" generate --model "$model" --dtype bf16 --quantize "$q" "${extra[@]}"
        --prompt-ids "$IDS" --max-new-tokens $((DECODE + 1)) --ignore-eos --quiet --kv-cache-dtype "${KV:-bf16}"
        --max-seq-len $((PREFILL + DECODE + 16)))
 }
@@ -258,8 +275,8 @@ def moe_bytes(mode):
                 total += 2.0 * n
     return total + (4.0 if os.environ.get("KV", "bf16") == "f32" else 2.0) * kv_elems  # moe-ep's KV dtype
 
-def gguf_bytes(path):
-    """Bytes per decode token from a GGUF's tensor table (stored sizes, any quant type)."""
+def gguf_infos(path):
+    """(name, ggml dims, stored bytes) of each tensor of a GGUF."""
     with open(path, "rb") as f:
         data = f.read(64 << 20)
     o = 0
@@ -285,22 +302,43 @@ def gguf_bytes(path):
         if k == "general.alignment": align = v
     infos = []
     for _ in range(n_t):
-        name = rstr(); nd = rd("I"); dims = [rd("Q") for _ in range(nd)]; rd("I"); infos.append((name, dims, rd("Q")))
+        name = rstr(); nd = rd("I"); dims = [rd("Q") for _ in range(nd)]; ty = rd("I"); infos.append((name, dims, rd("Q"), ty))
     start = (o + align - 1) // align * align
-    end = os.path.getsize(path) - start
-    offs = sorted(i[2] for i in infos) + [end]
+    offs = sorted(i[2] for i in infos) + [os.path.getsize(path) - start]
     nxt = {a: b for a, b in zip(offs, offs[1:])}
+    return [(name, dims, nxt[off] - off, ty) for name, dims, off, ty in infos]
+
+def gguf_bytes(path):
+    """Bytes per decode token from a GGUF's tensor table (stored sizes, any quant type)."""
     total = 0.0
-    for name, dims, off in infos:
-        nb, k = nxt[off] - off, kind_of(name)
+    for name, dims, nb, ty in gguf_infos(path):
+        k = kind_of(name)
         if k == "expert": total += nb * topk / n_exp
         elif k == "embed": total += nb / dims[-1]  # one row of [H, V]
         else: total += nb
     return total + 2.0 * kv_elems  # KV f16
 
+def moe_gguf_bytes(path):
+    """Bytes per decode token of moe-ep running a GGUF: Q4_0 experts as int4 (0.5 byte +
+    an f32 scale and a u8 zero per 32), other experts and tensors dequantised to bf16, or
+    with LINEARS w8a8 the 2-D non-expert tensors int8 + an f32 scale per row; router f32."""
+    q8 = linears_q8 and not path.endswith("-BF16.gguf")
+    total = 0.0
+    for name, dims, nb, ty in gguf_infos(path):
+        n = 1
+        for d in dims: n *= d
+        k = kind_of(name)
+        if k == "expert": total += (0.5 * n + 5.0 * n / 32 if ty == 2 else 2.0 * n) * topk / n_exp
+        elif k == "embed": total += 2.0 * dims[0]
+        elif "ffn_gate_inp" in name: total += 4.0 * n
+        elif q8 and len(dims) == 2: total += n + 4.0 * dims[1]
+        else: total += 2.0 * n
+    return total + (4.0 if os.environ.get("KV", "bf16") == "f32" else 2.0) * kv_elems
+
 def fmt(x): return f"{x:.1f}" if x else "-"
 def ratio(a, b): return f"{a / b:.2f}" if a and b else "-"
 pairs = [("bf16", "BF16"), ("w8a8", "Q8_0"), ("w4a8", "Q4_0"), ("w4a8", "Q4_K_M")]
+pairs += sorted({(c, c[5:]) for (e, c, k) in med if c.startswith("gguf:")})
 peer = os.environ.get("PEER", "llama.cpp")
 print(f"| moe-ep | {peer} | decode moe-ep | decode {peer} | ratio | prefill moe-ep | prefill {peer} | ratio |"
       + (f" MB/token moe-ep / {peer} | floor frac moe-ep / {peer} |" if floor else ""))
@@ -311,7 +349,7 @@ for m, t in pairs:
     row = f"| {m} | {t} | {fmt(md)} | {fmt(ld)} | {ratio(md, ld)} | {fmt(mp)} | {fmt(lp)} | {ratio(mp, lp)} |"
     if floor:
         g = glob.glob(f"{gguf_dir}/*-{t}.gguf")
-        mb = moe_bytes(m) if md else 0
+        mb = (moe_gguf_bytes(g[0]) if m.startswith("gguf:") else moe_bytes(m)) if md else 0
         lb = gguf_bytes(g[0]) if g and ld else 0
         fr = lambda tps, b: f"{tps * b / (bw * 1e9):.2f}" if tps and b and bw else "-"
         mbs = lambda b: f"{b / 1e6:.0f}" if b else "-"

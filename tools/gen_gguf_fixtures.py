@@ -229,36 +229,17 @@ def tensor_golden(path, tensors):
     return out
 
 
-README = f"""# GGUF fixtures
-
-Written by `tools/gen_gguf_fixtures.py` with gguf-py {GGUF_VERSION} (llama.cpp's Python GGUF
-library) and numpy {NUMPY_VERSION}; read by `tests/test_gguf.cpp` and
-`tests/test_gguf_hostile.cpp`. **Do not edit by hand**; to regenerate (deterministic):
-
-    python3 -m venv /tmp/gguf-venv
-    /tmp/gguf-venv/bin/pip install gguf=={GGUF_VERSION} numpy=={NUMPY_VERSION}
-    /tmp/gguf-venv/bin/python tools/gen_gguf_fixtures.py
-
-| file | what |
-|---|---|
-| `all_types.gguf` | metadata of every value type (arrays of each, nested arrays), a tensor of each supported ggml type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; 1-D to 4-D) and two unsupported ones (Q2_K, I32) |
-| `aligned64.gguf` | `general.alignment = 64` |
-| `split/model-0000{{1,2}}-of-00002.gguf` | one model in two parts (`split.count`, `split.no`, `split.tensors.count`) |
-| `golden.json` | what the script wrote, gguf-py's reader's offsets, gguf-py's type table, and per supported tensor `gguf.quants.dequantize`'s values as f32 bits |
-
-Quantised data: `gguf.quants.quantize` where gguf-py can (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-BF16); K-quant blocks (which gguf-py cannot quantise) are random valid bytes with random
-finite f16 d / dmin and edge blocks (subnormal, zero, large, negative d).
-"""
-
 SUPPORTED = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
 
 def main():
     rng = np.random.default_rng(20240611)
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
+    # Only this script's files: tokenizer/ and models/ beside them belong to
+    # gen_gguf_tokenizer_fixtures.py and gen_gguf_model_fixtures.py, and README.md
+    # (which describes all three) is kept by hand.
+    if (OUT / "split").exists():
+        shutil.rmtree(OUT / "split")
+    OUT.mkdir(parents=True, exist_ok=True)
     golden = {"gguf_py_version": GGUF_VERSION, "numpy_version": NUMPY_VERSION, "files": {},
               # gguf-py's copy of ggml's type table, to check ours against.
               "ggml_types": [{"name": q.name, "id": int(q), "block_size": bs, "block_bytes": bb}
@@ -284,7 +265,6 @@ def main():
                        "part_of": {"blk.0.ffn_up.weight": 0, "blk.0.ffn_down.weight": 0, "output_norm.weight": 1}}
 
     (OUT / "golden.json").write_text(json.dumps(golden, indent=None, separators=(",", ":")) + "\n")
-    (OUT / "README.md").write_text(README)
 
     # Fuzz seeds: small valid files, one feature each.
     if CORPUS.exists():
@@ -302,7 +282,8 @@ def main():
         shutil.copy(OUT / p, CORPUS / Path(p).name)
     for f in sorted(CORPUS.iterdir()):
         assert f.stat().st_size < 4096, f"{f} is {f.stat().st_size} bytes, the corpus wants < 4 KB"
-    total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
+    total = sum(f.stat().st_size for f in OUT.rglob("*")
+                if f.is_file() and f.relative_to(OUT).parts[0] not in ("tokenizer", "models"))
     assert total < 300_000, f"fixtures are {total} bytes"
     print(f"wrote {OUT} ({total} bytes) and {CORPUS}")
 

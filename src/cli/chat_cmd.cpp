@@ -20,6 +20,7 @@
 #include "cli/text_opts.h"
 #include "cli/verbs.h"
 #include "core/check.h"
+#include "loader/checkpoint.h"
 #include "runtime/generate.h"
 #include "text/text_stream.h"
 
@@ -73,7 +74,7 @@ class LineReader {
 
 // max_position_embeddings of the model's config.json, at most 4096.
 int64_t context_positions(const std::string& dir) {
-  const nlohmann::ordered_json cfg = read_json_file(dir + "/config.json", "the model's config");
+  const nlohmann::json cfg = Checkpoint::open(dir).config();  // config.json, or a GGUF's metadata
   const auto it = cfg.find("max_position_embeddings");
   const int64_t n = it != cfg.end() && it->is_number_integer() ? it->get<int64_t>() : 4096;
   return std::clamp<int64_t>(n, 1, 4096);

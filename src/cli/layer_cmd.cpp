@@ -172,9 +172,10 @@ Verb add_layer_verb(CLI::App& app) {
       "layer",
       "Run the MLP block (MoE or dense) of one decoder layer of a Hugging Face model on the tensor "
       "'hidden_states' [T, H] of --input, and write 'hidden_states' [T, H] f32 to --output");
-  lc->add_option("--model", opt->model_dir, "Model directory: config.json and *.safetensors")
+  lc->add_option("--model", opt->model_dir, "Model: a directory (config.json and *.safetensors) or a GGUF file "
+                  "(llama.cpp's format; qwen3moe or qwen2moe; the first part of a split model)")
       ->required()
-      ->check(CLI::ExistingDirectory);
+      ->check(CLI::ExistingPath);
   lc->add_option("--layer", opt->layer, "Decoder layer index (0-based)")->required();
   lc->add_option("--input", opt->input, "safetensors file holding 'hidden_states' [T, H] (f32, bf16 or f16)")
       ->required()

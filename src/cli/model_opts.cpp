@@ -66,9 +66,10 @@ void resolve_auto_dtype(CommonOpts& o) {
 }
 
 void add_common(CLI::App* cmd, CommonOpts& o) {
-  cmd->add_option("--model", o.model_dir, "Model directory: config.json and *.safetensors (Hugging Face layout)")
+  cmd->add_option("--model", o.model_dir, "Model: a Hugging Face directory (config.json and *.safetensors) or a GGUF file "
+                  "(llama.cpp's format; qwen3moe or qwen2moe; the first part of a split model)")
       ->required()
-      ->check(CLI::ExistingDirectory);
+      ->check(CLI::ExistingPath);
   cmd->add_option("--prompt-ids", o.prompt_ids,
                   "Prompts as token ids: ids separated by ',', prompts by ';' (e.g. \"1,2,3;4,5\"); all prompts run "
                   "as one batch");

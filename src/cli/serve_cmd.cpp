@@ -158,9 +158,10 @@ Verb add_serve_verb(CLI::App& app) {
       "/v1/models, /health, /metrics) with continuous batching, on one rank or under mpirun with expert parallelism "
       "(rank 0 serves HTTP and schedules; every rank runs each step)");
   CommonOpts& c = o->common;
-  s->add_option("--model", c.model_dir, "Model directory: config.json, *.safetensors and the tokenizer files")
+  s->add_option("--model", c.model_dir, "Model: a directory (config.json, *.safetensors and the tokenizer files) or a GGUF "
+                  "file (qwen3moe or qwen2moe; its tokenizer and chat template from its metadata)")
       ->required()
-      ->check(CLI::ExistingDirectory);
+      ->check(CLI::ExistingPath);
   add_dtype_option(s, c.dtype);
   add_kv_cache_dtype_option(s, c.kv_cache_dtype);
   s->add_option("--quantize", c.quantize,

@@ -74,7 +74,7 @@ struct DetokenizeOpts {
 };
 
 int run_detokenize(const DetokenizeOpts& o) {
-  const auto tok = text::Tokenizer::from_dir(o.model_dir);
+  const auto tok = load_tokenizer(o.model_dir);
   const std::vector<std::vector<int32_t>> lists = parse_prompt_ids(o.ids);
   MOE_CHECK(lists.size() == 1, "--ids takes one list of ids separated by ',' (no ';')");
   for (int32_t id : lists[0])
@@ -98,9 +98,9 @@ std::vector<Verb> add_text_verbs(CLI::App& app) {
         "tokenize",
         "Text to token ids with the model's tokenizer (tokenizer.json, or tokenizer.model), as Hugging Face "
         "tokenizers / transformers compute them; or a chat rendered with the model's chat template");
-    t->add_option("--model", o->model_dir, "Model directory holding the tokenizer files")
+    t->add_option("--model", o->model_dir, "Model directory holding the tokenizer files, or a GGUF file (its tokenizer.ggml.* metadata)")
         ->required()
-        ->check(CLI::ExistingDirectory);
+        ->check(CLI::ExistingPath);
     t->add_option("--text", o->text, "Text to tokenize (UTF-8; invalid UTF-8 is an error naming the byte offset)");
     t->add_option("--file", o->file, "Tokenize the bytes of this file")->check(CLI::ExistingFile);
     t->add_option("--chat-file", o->chat_file,
@@ -125,9 +125,9 @@ std::vector<Verb> add_text_verbs(CLI::App& app) {
   {
     auto o = std::make_shared<DetokenizeOpts>();
     CLI::App* d = app.add_subcommand("detokenize", "Token ids to text with the model's tokenizer");
-    d->add_option("--model", o->model_dir, "Model directory holding the tokenizer files")
+    d->add_option("--model", o->model_dir, "Model directory holding the tokenizer files, or a GGUF file (its tokenizer.ggml.* metadata)")
         ->required()
-        ->check(CLI::ExistingDirectory);
+        ->check(CLI::ExistingPath);
     d->add_option("--ids", o->ids, "Token ids separated by ',' (e.g. 9707,11,1879)")->required();
     d->add_flag("--skip-special", o->skip_special, "Leave out special tokens (skip_special_tokens=True)");
     verbs.push_back({d, [o] { return run_detokenize(*o); }});

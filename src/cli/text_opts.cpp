@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "loader/gguf/gguf_checkpoint.h"
+#include "loader/gguf/gguf_tokenizer.h"
 
 namespace moe {
 
@@ -32,8 +34,43 @@ nlohmann::ordered_json read_json_file(const std::string& path, const std::string
   }
 }
 
+namespace {
+
+std::string read_text_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "{}: cannot read {}", what, path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+gguf::TokenizerFiles gguf_tokenizer_files(const std::string& path) {
+  const gguf::GgufModel m = gguf::GgufModel::open(path);  // the metadata is the first part's
+  return gguf::tokenizer_files(m.metadata(), path);
+}
+
+}  // namespace
+
+std::unique_ptr<text::Tokenizer> load_tokenizer(const std::string& dir) {
+  if (!gguf::is_gguf_file(dir)) return text::Tokenizer::from_dir(dir);
+  const gguf::TokenizerFiles files = gguf_tokenizer_files(dir);
+  return text::Tokenizer::from_json(files.tokenizer_json, files.tokenizer_config_json, dir);
+}
+
 TextModel load_text_model(const std::string& dir, const ChatFlags& f) {
   TextModel tm;
+  if (gguf::is_gguf_file(dir)) {
+    const gguf::TokenizerFiles files = gguf_tokenizer_files(dir);
+    tm.tok = text::Tokenizer::from_json(files.tokenizer_json, files.tokenizer_config_json, dir);
+    if (!f.chat_template_file.empty())
+      tm.tmpl = std::make_unique<text::ChatTemplate>(read_text_file(f.chat_template_file, "--chat-template"),
+                                                     f.chat_template_file);
+    else if (!files.chat_template.empty())
+      tm.tmpl = std::make_unique<text::ChatTemplate>(files.chat_template, dir + " (tokenizer.chat_template)");
+    else
+      tm.template_error = fmt::format("{} has no tokenizer.chat_template", dir);
+    return tm;
+  }
   tm.tok = text::Tokenizer::from_dir(dir);
   try {
     tm.tmpl = std::make_unique<text::ChatTemplate>(text::ChatTemplate::from_dir(dir, f.chat_template_file));

@@ -32,8 +32,12 @@ struct TextModel {
   std::string template_error;               // why there is none
 };
 
-// The tokenizer of `dir` (tokenizer.json or tokenizer.model) and its chat template.
+// The tokenizer of `dir` (tokenizer.json or tokenizer.model) and its chat template; or,
+// for a GGUF file, those its tokenizer.ggml.* and tokenizer.chat_template metadata hold
+// (loader/gguf/gguf_tokenizer.h).
 TextModel load_text_model(const std::string& dir, const ChatFlags& f);
+// Just the tokenizer of a directory or a GGUF file.
+std::unique_ptr<text::Tokenizer> load_tokenizer(const std::string& dir);
 
 // A JSON file (what: "--chat-file") parsed, with errors naming it.
 // Keys keep the file's order (ordered_json): a template's tojson prints them in that

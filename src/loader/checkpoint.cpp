@@ -7,6 +7,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "loader/gguf/gguf_checkpoint.h"
+
 namespace moe {
 
 namespace fs = std::filesystem;
@@ -70,10 +72,21 @@ bool is_regular(const fs::path& p) {
 Checkpoint Checkpoint::open(const std::string& dir_in) {
   auto s = std::make_shared<State>();
   s->dir = dir_in;
+  if (gguf::is_gguf_file(dir_in)) {
+    gguf::CheckpointTables t = gguf::open_checkpoint_tables(dir_in);
+    s->config = std::move(t.config);
+    for (auto& sf : t.files) {
+      const size_t idx = s->shards.size();
+      for (const TensorInfo& ti : sf->tensors()) s->key_shard.emplace(ti.name, idx);  // unique: GgufModel checked
+      const std::string p = sf->path();
+      s->shards.push_back({fs::path(p).filename().string(), p, std::move(sf)});
+    }
+    return Checkpoint(std::move(s));
+  }
   const fs::path dir(dir_in);
   {
     std::error_code ec;
-    MOE_CHECK(fs::is_directory(dir, ec), "checkpoint {}: not a directory", dir_in);
+    MOE_CHECK(fs::is_directory(dir, ec), "checkpoint {}: not a directory (or a GGUF file)", dir_in);
   }
 
   // config.json
@@ -164,6 +177,8 @@ const TensorInfo& Checkpoint::info(const std::string& key) const { return s_->in
 Tensor Checkpoint::view(const std::string& key) const {
   return s_->file_with(key).view(key);
 }
+
+Tensor Checkpoint::view_raw(const std::string& key) const { return s_->file_with(key).view_raw(key); }
 
 Tensor Checkpoint::view_elems(const std::string& key, int64_t elem_begin, const Shape& shape) const {
   return s_->file_with(key).view_elems(key, elem_begin, shape);

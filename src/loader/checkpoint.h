@@ -1,4 +1,6 @@
-// A Hugging Face model directory: config.json plus safetensors weights.
+// A Hugging Face model directory: config.json plus safetensors weights; or a GGUF file
+// (llama.cpp's format: loader/gguf/gguf_checkpoint.h), which presents the same config
+// and keys.
 //
 // Weights are found, in order of preference, through
 //   1. model.safetensors.index.json ("weight_map": key -> shard file in the directory),
@@ -40,6 +42,9 @@ class Checkpoint {
   const TensorInfo& info(const std::string& key) const;
   // Zero-copy, read-only view over the shard's mapping (counted in bytes_touched()).
   Tensor view(const std::string& key) const;
+  // The bytes of `key` as stored, U8 [nbytes], zero-copy and counted (a GGUF quantised
+  // tensor's blocks: loader/gguf/gguf_experts.h).
+  Tensor view_raw(const std::string& key) const;
   // Elements [elem_begin, elem_begin + numel(shape)) of `key`, shaped `shape`: a
   // zero-copy view that touches (and counts) only those bytes.
   Tensor view_elems(const std::string& key, int64_t elem_begin, const Shape& shape) const;

@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "kernels/grouped_gemm_int4.h"
+#include "loader/gguf/gguf_experts.h"
 #include "kernels/quant.h"
 #include "loader/fp8_weights.h"
 #include "loader/quant_weights.h"
@@ -403,8 +404,13 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
               layer);
     MOE_CHECK(valid_int4_group(opt.int4_group), "--int4-group must be 32, 64 or 128, got {}", opt.int4_group);
   }
+  // GGUF Q4_0 experts (per-expert keys: gguf_checkpoint.h presents them so) stay 4-bit.
+  const bool gguf_q4 = opt.gguf_q4_0_as_int4 && !fused_gu && n_local > 0 && qf == QuantFormat::None &&
+                       !opt.quantize_w8a8 && (!opt.quantize_w4a8 || opt.int4_group == 32) &&
+                       gguf::is_q4_0(ck, gate[0]->tensor_read()) && gguf::is_q4_0(ck, up[0]->tensor_read()) &&
+                       gguf::is_q4_0(ck, down[0]->tensor_read());
   const DType experts_dtype =
-      opt.quantize_w8a8 || opt.quantize_w4a8 || qf != QuantFormat::None ? DType::I8 : opt.compute;
+      opt.quantize_w8a8 || opt.quantize_w4a8 || gguf_q4 || qf != QuantFormat::None ? DType::I8 : opt.compute;
   // FP8 block-scaled experts computed in bf16 stay e4m3 in memory: the GEMM dequantises
   // panel by panel (fp8_weights.h); for f32 compute they are dequantised here (load_read).
   const LayerRead* first_gu = fused_gu ? fused_gu : n_local > 0 ? gate[0] : nullptr;
@@ -413,9 +419,10 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   if (fp8) {
     w.w13 = make_packed_fp8(n_local, 2 * Il, H, /*gated=*/true, fp8_slice_block_k(ck, first_gu->tensor_read()));
     w.w2 = make_packed_fp8(n_local, H, Il, /*gated=*/false, fp8_slice_block_k(ck, first_dn->tensor_read()));
-  } else if (opt.quantize_w4a8) {
-    w.w13 = make_packed_experts_int4(n_local, 2 * Il, H, /*gated=*/true, opt.int4_group);
-    w.w2 = make_packed_experts_int4(n_local, H, Il, /*gated=*/false, opt.int4_group);
+  } else if (opt.quantize_w4a8 || gguf_q4) {
+    const int64_t group = gguf_q4 ? 32 : opt.int4_group;  // Q4_0's block
+    w.w13 = make_packed_experts_int4(n_local, 2 * Il, H, /*gated=*/true, group);
+    w.w2 = make_packed_experts_int4(n_local, H, Il, /*gated=*/false, group);
   } else {
     w.w13 = make_packed_experts(n_local, 2 * Il, H, experts_dtype, /*gated=*/true);
     w.w2 = make_packed_experts(n_local, H, Il, experts_dtype, /*gated=*/false);
@@ -466,6 +473,19 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
 #pragma omp parallel for schedule(dynamic)
     for (int64_t e = 0; e < n_local; ++e)
       guarded([&] {
+        if (gguf_q4) {
+          MOE_CHECK(gguf::is_q4_0(ck, gate[e]->tensor_read()) && gguf::is_q4_0(ck, up[e]->tensor_read()) &&
+                        gguf::is_q4_0(ck, down[e]->tensor_read()),
+                    "layer {}: expert 0's projections are GGUF Q4_0 but '{}', '{}' or '{}' is not", layer,
+                    gate[e]->key, up[e]->key, down[e]->key);
+          gguf::pack_q4_0_expert(ck, w.w13, w.w2, e, gate[e]->tensor_read(), up[e]->tensor_read(),
+                                 down[e]->tensor_read());
+          for (const LayerRead* r : {gate[e], up[e], down[e]}) release_sharded(ck, r->tensor_read());
+          if (opt.progress)
+            opt.progress->advance(read_bytes(ck, gate[e]->tensor_read()) + read_bytes(ck, up[e]->tensor_read()) +
+                                  read_bytes(ck, down[e]->tensor_read()));
+          return;
+        }
         if (fp8) {
           const Fp8Slice g = load_fp8_slice(ck, gate[e]->tensor_read()), u = load_fp8_slice(ck, up[e]->tensor_read()),
                          d = load_fp8_slice(ck, down[e]->tensor_read());

@@ -41,6 +41,11 @@ struct MlpLoadOptions {
   // (docs/PERF_QUANT.md) for 18% fewer bytes.
   bool quantize_w4a8 = false;
   int64_t int4_group = 32;
+  // Routed experts stored as GGUF Q4_0 load into W4A8 with groups of 32, exactly
+  // (loader/gguf/gguf_experts.h), unless another form is asked for (--quantize w8a8, or
+  // w4a8 with groups of 64 or 128: dequantised, then quantised again). false: they are
+  // dequantised to `compute` like any float weight (f32 holds them exactly).
+  bool gguf_q4_0_as_int4 = true;
   int64_t expert_begin = 0;    // routed experts to load: [begin, end)
   int64_t expert_end = -1;     // -1: all experts
   // MoE-TP: this rank holds intermediate rows [tp_rank*I/tp, (tp_rank+1)*I/tp) of

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/json_brief.h"
+#include "loader/gguf/gguf_types.h"
 #include "loader/mapped_file.h"
 
 namespace moe {
@@ -55,6 +56,30 @@ bool json_u64(const nlohmann::json& j, uint64_t* out) {
 
 std::string errno_str() { return std::strerror(errno); }
 
+
+// Elements of a tensor: its bytes over the element size, or for a quantised GGUF tensor
+// (whose bytes are blocks) the product of its shape (checked against its bytes when the
+// table was built).
+uint64_t elem_count(const TensorInfo& info) {
+  if (!info.quantized()) return info.nbytes / dtype_size(info.dtype);
+  uint64_t n = 1;
+  for (int64_t d : info.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+// The absolute byte offset of element `e` (e <= elem_count): for a quantised tensor the
+// start of the block holding it, or with round_up the end of that block (unless e
+// starts a block), so [byte_of(b), byte_of(e, true)) holds every block of [b, e).
+uint64_t byte_of(const TensorInfo& info, uint64_t e, bool round_up) {
+  if (!info.quantized()) return info.offset + e * dtype_size(info.dtype);
+  const auto& ti = gguf::ggml_type_info(static_cast<gguf::GgmlType>(info.ggml_type));
+  const uint64_t row_len = static_cast<uint64_t>(info.shape.back());
+  const uint64_t row_bytes = row_len / ti.block_size * ti.block_bytes;
+  const uint64_t r = e / row_len, c = e % row_len;
+  const uint64_t bs = static_cast<uint64_t>(ti.block_size);
+  const uint64_t blk = round_up ? (c + bs - 1) / bs : c / bs;
+  return info.offset + r * row_bytes + blk * ti.block_bytes;
+}
 }  // namespace
 
 const char* safetensors_dtype_name(DType t) {
@@ -140,6 +165,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::shared_ptr<voi
             where, n, size - 8, size);
   f->header_bytes_ = n;
   const uint64_t data_start = 8 + n;
+  f->data_start_ = data_start;
   const uint64_t data_size = size - data_start;
 
   const nlohmann::json header =
@@ -339,10 +365,10 @@ void SafetensorsFile::advise(uint64_t begin, uint64_t end) const {
 void SafetensorsFile::prefetch_elems(const std::string& name, int64_t elem_begin, int64_t n) const {
   const TensorInfo* info = find(name);
   if (!info || elem_begin < 0 || n <= 0) return;
-  const uint64_t es = dtype_size(info->dtype), total = info->nbytes / es;
+  const uint64_t total = elem_count(*info);
   const uint64_t b = std::min<uint64_t>(static_cast<uint64_t>(elem_begin), total);
   const uint64_t e = std::min<uint64_t>(total, b + static_cast<uint64_t>(n));
-  advise(info->offset + b * es, info->offset + e * es);
+  advise(byte_of(*info, b, false), byte_of(*info, e, true));
 }
 
 uint64_t SafetensorsFile::release(uint64_t begin, uint64_t end) {
@@ -377,17 +403,97 @@ uint64_t SafetensorsFile::release(uint64_t begin, uint64_t end) {
 void SafetensorsFile::release_elems(const std::string& name, int64_t elem_begin, int64_t n) {
   const TensorInfo* info = find(name);
   if (!info || elem_begin < 0 || n <= 0) return;
-  const uint64_t es = dtype_size(info->dtype), total = info->nbytes / es;
+  const uint64_t total = elem_count(*info);
   const uint64_t b = std::min<uint64_t>(static_cast<uint64_t>(elem_begin), total);
   const uint64_t e = std::min<uint64_t>(total, b + static_cast<uint64_t>(n));
-  const uint64_t added = release(info->offset + b * es, info->offset + e * es);
+  // A quantised range is rounded out to whole blocks: releasing is always safe (the
+  // pages refault from the page cache), only a neighbour's read may pay for it.
+  const uint64_t added = release(byte_of(*info, b, false), byte_of(*info, e, true));
   bytes_released_.fetch_add(added, std::memory_order_relaxed);
+}
+
+void SafetensorsFile::dequantize_elems(const TensorInfo& info, int64_t elem_begin, int64_t n, float* dst) {
+  const auto type = static_cast<gguf::GgmlType>(info.ggml_type);
+  const auto& ti = gguf::ggml_type_info(type);
+  const int64_t row_len = info.shape.back(), bs = ti.block_size;
+  touch(byte_of(info, static_cast<uint64_t>(elem_begin), false),
+        byte_of(info, static_cast<uint64_t>(elem_begin + n), true));
+  // Piece by piece within rows: the blocks covering [c, c + len) of row r, dequantised
+  // whole into a scratch row, then the wanted part copied out.
+  std::vector<float> scratch;
+  const auto* base = static_cast<const uint8_t*>(mapping_.get());
+  for (int64_t e = elem_begin, end = elem_begin + n; e < end;) {
+    const int64_t r = e / row_len, c = e % row_len;
+    const int64_t len = std::min(end - e, row_len - c);
+    const int64_t b0 = c / bs, b1 = (c + len + bs - 1) / bs;
+    const uint8_t* src = base + byte_of(info, static_cast<uint64_t>(r * row_len + b0 * bs), false);
+    if (c == b0 * bs && len == (b1 - b0) * bs) {
+      gguf::dequantize_row(type, src, dst, len);
+    } else {
+      scratch.resize(static_cast<size_t>((b1 - b0) * bs));
+      gguf::dequantize_row(type, src, scratch.data(), (b1 - b0) * bs);
+      std::memcpy(dst, scratch.data() + (c - b0 * bs), static_cast<size_t>(len) * sizeof(float));
+    }
+    dst += len;
+    e += len;
+  }
+}
+
+std::shared_ptr<SafetensorsFile> SafetensorsFile::from_table(std::shared_ptr<void> data, uint64_t size,
+                                                             uint64_t data_start, const std::string& path,
+                                                             std::vector<TensorInfo> tensors) {
+  std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = path;
+  f->mapping_ = std::move(data);
+  f->file_size_ = size;
+  f->data_start_ = data_start;
+  for (const TensorInfo& t : tensors) {
+    MOE_CHECK(t.offset >= data_start && t.offset <= size && t.nbytes <= size - t.offset,
+              "'{}': tensor '{}' at bytes [{}, +{}) lies outside the data area [{}, {})", path, t.name, t.offset,
+              t.nbytes, data_start, size);
+    if (t.quantized()) {
+      const auto* ti = gguf::ggml_type_info(static_cast<uint32_t>(t.ggml_type));
+      MOE_CHECK(ti && ti->supported && !t.shape.empty() && t.shape.back() % ti->block_size == 0,
+                "'{}': tensor '{}' has ggml type {} and shape {}: not a supported quantised type, or rows that "
+                "its blocks do not divide", path, t.name, t.ggml_type, shape_str(t.shape));
+      const uint64_t want = gguf::ggml_row_bytes(ti->type, t.shape.back()) * (elem_count(t) / t.shape.back());
+      MOE_CHECK(want == t.nbytes, "'{}': tensor '{}' ({} {}) holds {} bytes, expected {}", path, t.name, ti->name,
+                shape_str(t.shape), t.nbytes, want);
+    } else {
+      uint64_t n = dtype_size(t.dtype);
+      for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+      MOE_CHECK(n == t.nbytes, "'{}': tensor '{}' ({} {}) holds {} bytes, expected {}", path, t.name,
+                dtype_name(t.dtype), shape_str(t.shape), t.nbytes, n);
+    }
+  }
+  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.nbytes < b.nbytes;
+  });
+  for (size_t i = 1; i < tensors.size(); ++i)
+    MOE_CHECK(tensors[i].offset >= tensors[i - 1].offset + tensors[i - 1].nbytes,
+              "'{}': tensors '{}' and '{}' overlap", path, tensors[i - 1].name, tensors[i].name);
+  f->tensors_ = std::move(tensors);
+  for (size_t i = 0; i < f->tensors_.size(); ++i) {
+    auto [it, fresh] = f->index_.emplace(f->tensors_[i].name, i);
+    MOE_CHECK(fresh, "'{}': tensor '{}' is listed twice", path, f->tensors_[i].name);
+  }
+  return f;
+}
+
+Tensor SafetensorsFile::view_raw(const std::string& name) {
+  auto it = index_.find(name);
+  MOE_CHECK(it != index_.end(), "tensor '{}' not found in safetensors file '{}'", name, path_);
+  const TensorInfo& info = tensors_[it->second];
+  touch(info.offset, info.offset + info.nbytes);
+  return Tensor::wrap(static_cast<char*>(mapping_.get()) + info.offset, {static_cast<int64_t>(info.nbytes)}, DType::U8,
+                      mapping_);
 }
 
 Tensor SafetensorsFile::view(const std::string& name) {
   auto it = index_.find(name);
   MOE_CHECK(it != index_.end(), "tensor '{}' not found in safetensors file '{}'", name, path_);
   const TensorInfo& info = tensors_[it->second];
+  if (info.quantized()) return view_elems(name, 0, info.shape);
   touch(info.offset, info.offset + info.nbytes);
   return Tensor::wrap(static_cast<char*>(mapping_.get()) + info.offset, info.shape, info.dtype, mapping_);
 }
@@ -397,7 +503,7 @@ Tensor SafetensorsFile::view_elems(const std::string& name, int64_t elem_begin, 
   MOE_CHECK(it != index_.end(), "tensor '{}' not found in safetensors file '{}'", name, path_);
   const TensorInfo& info = tensors_[it->second];
   const uint64_t esize = dtype_size(info.dtype);
-  const uint64_t total = info.nbytes / esize;
+  const uint64_t total = elem_count(info);
   uint64_t n = 1;
   bool ok = elem_begin >= 0;
   for (int64_t d : shape) ok = ok && d >= 0 && !__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n);
@@ -405,6 +511,11 @@ Tensor SafetensorsFile::view_elems(const std::string& name, int64_t elem_begin, 
   MOE_CHECK(ok, "tensor '{}' in '{}' ({} {}): elements [{}, +{}) shaped {} are outside its {} elements", name,
             path_, safetensors_dtype_name(info.dtype), shape_str(info.shape), elem_begin, n, shape_str(shape),
             total);
+  if (info.quantized()) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    dequantize_elems(info, elem_begin, static_cast<int64_t>(n), t.data<float>());
+    return t;
+  }
   const uint64_t begin = info.offset + static_cast<uint64_t>(elem_begin) * esize;
   touch(begin, begin + n * esize);
   return Tensor::wrap(static_cast<char*>(mapping_.get()) + begin, shape, info.dtype, mapping_);
@@ -416,7 +527,7 @@ void SafetensorsFile::copy_strided(const std::string& name, int64_t elem_begin, 
   MOE_CHECK(it != index_.end(), "tensor '{}' not found in safetensors file '{}'", name, path_);
   const TensorInfo& info = tensors_[it->second];
   const uint64_t esize = dtype_size(info.dtype);
-  const uint64_t total = info.nbytes / esize;
+  const uint64_t total = elem_count(info);
   // The last piece ends at elem_begin + (count - 1) * stride + piece, which must fit.
   bool ok = elem_begin >= 0 && piece >= 0 && stride >= 0 && count >= 0;
   if (ok && count > 0) {
@@ -429,6 +540,11 @@ void SafetensorsFile::copy_strided(const std::string& name, int64_t elem_begin, 
             "elements", name, path_, safetensors_dtype_name(info.dtype), shape_str(info.shape), count, piece, stride,
             elem_begin, total);
   if (count == 0 || piece == 0) return;
+  if (info.quantized()) {
+    float* out = static_cast<float*>(dst);
+    for (int64_t i = 0; i < count; ++i) dequantize_elems(info, elem_begin + i * stride, piece, out + i * piece);
+    return;
+  }
   const uint64_t begin = info.offset + static_cast<uint64_t>(elem_begin) * esize;
   const uint64_t piece_b = static_cast<uint64_t>(piece) * esize, stride_b = static_cast<uint64_t>(stride) * esize;
   touch_strided(begin, piece_b, stride_b, static_cast<uint64_t>(count));

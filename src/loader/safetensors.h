@@ -41,6 +41,13 @@ struct TensorInfo {
   Shape shape;
   uint64_t offset = 0;  // absolute byte offset in the file
   uint64_t nbytes = 0;
+  // A GGUF quantised tensor (loader/gguf/gguf_checkpoint.h) holds its ggml type id here
+  // (-1: a plain tensor of `dtype`). `dtype` is then F32, the type of its values once
+  // dequantised: every read (view, view_elems, copy_strided) returns an owned f32 copy,
+  // computed block by block with the reference dequantiser (exact), and `nbytes` counts
+  // the quantised bytes.
+  int32_t ggml_type = -1;
+  bool quantized() const { return ggml_type >= 0; }
 };
 
 // The header-length cap of the reference implementation.
@@ -59,6 +66,12 @@ class SafetensorsFile {
   // mapping would hide). `data` is kept alive by the views; `path` names it in errors.
   static std::shared_ptr<SafetensorsFile> from_bytes(std::shared_ptr<void> data, uint64_t size,
                                                      const std::string& path);
+  // The same views, byte counting and page release over a file of another format whose
+  // caller has already parsed and validated it (a GGUF part: loader/gguf/
+  // gguf_checkpoint.h), given its tensor table. Each tensor must lie inside [data_start,
+  // size) and no two may overlap (checked: an error names both). metadata() is empty.
+  static std::shared_ptr<SafetensorsFile> from_table(std::shared_ptr<void> data, uint64_t size, uint64_t data_start,
+                                                     const std::string& path, std::vector<TensorInfo> tensors);
 
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -69,6 +82,9 @@ class SafetensorsFile {
   const TensorInfo* find(const std::string& name) const;
   // Zero-copy, read-only view; throws naming the key and the file if absent.
   Tensor view(const std::string& name);
+  // The tensor's bytes as stored, U8 [nbytes], zero-copy (for a quantised GGUF tensor:
+  // its blocks, which loader/gguf decomposes into the engine's integer formats).
+  Tensor view_raw(const std::string& name);
   // Elements [elem_begin, elem_begin + numel(shape)) of tensor `name` (row-major),
   // shaped `shape`: a zero-copy view that counts only those bytes. Throws naming the
   // tensor and the file if the range is outside the tensor.
@@ -99,7 +115,7 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t file_size() const { return file_size_; }
   uint64_t header_bytes() const { return header_bytes_; }  // N (the JSON part only)
-  uint64_t data_start() const { return 8 + header_bytes_; }
+  uint64_t data_start() const { return data_start_; }   // 8 + N for safetensors
   // Distinct bytes handed out by view() and view_elems() (overlaps counted once). Thread-safe.
   uint64_t bytes_touched() const { return bytes_touched_.load(std::memory_order_relaxed); }
   // Distinct bytes of tensor data released by release_elems (overlaps counted once).
@@ -112,6 +128,7 @@ class SafetensorsFile {
   std::shared_ptr<void> mapping_;  // munmaps when the last view goes away
   uint64_t file_size_ = 0;
   uint64_t header_bytes_ = 0;
+  uint64_t data_start_ = 0;
   std::vector<TensorInfo> tensors_;
   std::unordered_map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
@@ -121,6 +138,11 @@ class SafetensorsFile {
   // The same for `count` pieces of `piece` bytes, `stride` bytes apart, from `begin`.
   void touch_strided(uint64_t begin, uint64_t piece, uint64_t stride, uint64_t count);
   void advise(uint64_t begin, uint64_t end) const;
+  // Dequantises elements [elem_begin, elem_begin + n) of a quantised tensor into dst,
+  // touching (counting) the blocks that hold them.
+  void dequantize_elems(const TensorInfo& info, int64_t elem_begin, int64_t n, float* dst);
+  // Sorts tensors_ by offset, checks no two overlap, builds index_.
+  void finish_table(const std::string& where);
   // Adds [begin, end) (absolute offsets) to released_ and drops the mapping's pages that
   // released bytes now cover whole; returns the bytes not released before.
   uint64_t release(uint64_t begin, uint64_t end);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "loader/gguf/gguf_types.h"
 
 namespace moe {
 
@@ -193,6 +194,10 @@ uint64_t read_bytes(const Checkpoint& ck, const TensorRead& r) {
   const TensorInfo& info = ck.info(r.key);
   if (info.shape != r.shape) return 0;
   uint64_t n = plan_shard(r).bytes_read(dtype_size(info.dtype));
+  if (info.quantized()) {  // GGUF blocks: the bytes of the values read, block_bytes per block_size
+    const auto& ti = gguf::ggml_type_info(static_cast<gguf::GgmlType>(info.ggml_type));
+    n = plan_shard(r).elems_read() / static_cast<uint64_t>(ti.block_size) * ti.block_bytes;
+  }
   const std::string skey = r.key + "_scale_inv";
   if (info.dtype == DType::F8E4M3 && ck.has(skey)) {
     const TensorInfo& si = ck.info(skey);

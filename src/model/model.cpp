@@ -211,6 +211,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     lo.quantize_w8a8 = opt.quantize_w8a8;
     lo.quantize_w4a8 = opt.quantize_w4a8;
     lo.int4_group = opt.int4_group;
+    lo.gguf_q4_0_as_int4 = opt.gguf_q4_0_as_int4;
     lo.progress = &progress;  // advanced by each expert packed
     auto weights = [&] { return opt.moe_weights ? opt.moe_weights(l, lo) : load_moe_layer(ck, c.moe, l, lo); };
     if (!multi) {

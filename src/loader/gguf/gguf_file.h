@@ -160,6 +160,8 @@ class GgufFile {
   GgufFile& operator=(const GgufFile&) = delete;
 
   const std::string& path() const { return path_; }
+  // The mapping the tensors' data points into (kept alive by whoever holds it).
+  const std::shared_ptr<void>& mapping() const { return mapping_; }
   uint32_t version() const { return version_; }
   uint64_t file_size() const { return file_size_; }
   uint32_t alignment() const { return alignment_; }

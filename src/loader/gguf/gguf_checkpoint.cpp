@@ -1,0 +1,218 @@
+#include "loader/gguf/gguf_checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <map>
+#include <optional>
+
+#include "core/check.h"
+#include "loader/gguf/gguf_file.h"
+#include "loader/gguf/gguf_types.h"
+
+namespace moe::gguf {
+
+namespace {
+
+constexpr const char* kSupportedArchs = "qwen3moe, qwen2moe";
+
+struct Arch {
+  std::string name;      // general.architecture
+  std::string hf_model;  // model_type
+  std::string hf_class;  // architectures[0]
+  bool qk_norm = false;  // attn_q_norm / attn_k_norm (Qwen3)
+  bool shared = false;   // one shared expert with a sigmoid gate (Qwen2-MoE)
+  bool norm_topk = false;
+};
+
+Arch arch_of(const GgufModel& m) {
+  const std::string& file = m.parts().front()->path();
+  const std::string a = m.metadata().get_str("general.architecture");
+  if (a == "qwen3moe") return {a, "qwen3_moe", "Qwen3MoeForCausalLM", true, false, true};
+  if (a == "qwen2moe") return {a, "qwen2_moe", "Qwen2MoeForCausalLM", false, true, false};
+  if (a == "deepseek2" || a == "llama" || a == "ernie4_5-moe" || a == "mixtral")
+    MOE_FAIL("gguf model '{}': general.architecture '{}' is one of our families but loading it from GGUF is not "
+             "supported yet (supported: {}); use its Hugging Face checkpoint", file, a, kSupportedArchs);
+  MOE_FAIL("gguf model '{}': general.architecture '{}' is not a supported architecture (supported: {})", file, a,
+           kSupportedArchs);
+}
+
+// The layer indices that have routed experts (the others are dense MLPs).
+bool has_experts(const GgufModel& m, int64_t l) {
+  return m.find(fmt::format("blk.{}.ffn_gate_exps.weight", l)) != nullptr;
+}
+
+}  // namespace
+
+bool is_gguf_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  char magic[4] = {};
+  const bool ok = std::fread(magic, 1, 4, f) == 4 && magic[0] == 'G' && magic[1] == 'G' && magic[2] == 'U' &&
+                  magic[3] == 'F';
+  std::fclose(f);
+  return ok;
+}
+
+nlohmann::json config_from_gguf(const GgufModel& m) {
+  const Arch a = arch_of(m);
+  const Metadata& md = m.metadata();
+  auto key = [&](const char* k) { return a.name + "." + k; };
+  const std::string& file = m.parts().front()->path();
+
+  nlohmann::json c;
+  c["architectures"] = {a.hf_class};
+  c["model_type"] = a.hf_model;
+  const int64_t L = md.get_u32(key("block_count"));
+  const int64_t H = md.get_u32(key("embedding_length"));
+  const int64_t heads = md.get_u32(key("attention.head_count"));
+  c["num_hidden_layers"] = L;
+  c["hidden_size"] = H;
+  c["num_attention_heads"] = heads;
+  c["num_key_value_heads"] = md.opt_u32(key("attention.head_count_kv")).value_or(static_cast<uint32_t>(heads));
+  c["head_dim"] = md.opt_u32(key("attention.key_length")).value_or(static_cast<uint32_t>(H / heads));
+  c["max_position_embeddings"] = md.get_u32(key("context_length"));
+  c["rms_norm_eps"] = md.get_f32(key("attention.layer_norm_rms_epsilon"));
+  c["rope_theta"] = md.opt_f32(key("rope.freq_base")).value_or(10000.0f);
+  if (auto t = md.opt_str(key("rope.scaling.type")); t && *t != "none") {
+    MOE_CHECK(*t == "yarn" || *t == "linear", "gguf model '{}': {} is '{}', expected none, linear or yarn", file,
+              key("rope.scaling.type"), *t);
+    nlohmann::json rs;
+    rs["rope_type"] = *t;
+    rs["factor"] = md.get_f32(key("rope.scaling.factor"));
+    if (auto o = md.opt_u32(key("rope.scaling.original_context_length")))
+      rs["original_max_position_embeddings"] = *o;
+    c["rope_scaling"] = rs;
+  }
+  c["hidden_act"] = "silu";
+  c["intermediate_size"] = md.opt_u32(key("feed_forward_length")).value_or(0);
+  c["moe_intermediate_size"] = md.get_u32(key("expert_feed_forward_length"));
+  c["num_experts"] = md.get_u32(key("expert_count"));
+  c["num_experts_per_tok"] = md.get_u32(key("expert_used_count"));
+  c["norm_topk_prob"] = a.norm_topk;
+  c["decoder_sparse_step"] = 1;
+  nlohmann::json dense = nlohmann::json::array();
+  for (int64_t l = 0; l < L; ++l)
+    if (!has_experts(m, l)) dense.push_back(l);
+  c["mlp_only_layers"] = dense;
+  if (a.shared) c["shared_expert_intermediate_size"] = md.get_u32(key("expert_shared_feed_forward_length"));
+  c["attention_bias"] = m.find("blk.0.attn_q.bias") != nullptr;
+  const GgufTensor& emb = m.tensor("token_embd.weight");
+  c["vocab_size"] = emb.ne[1];
+  c["tie_word_embeddings"] = m.find("output.weight") == nullptr;
+  if (auto v = md.opt_u32("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = *v;
+  if (auto v = md.opt_u32("tokenizer.ggml.eos_token_id")) c["eos_token_id"] = *v;
+  // --dtype auto: f32 for a file whose weights are all f32, else bf16 (as for the fp16,
+  // bf16 and quantised checkpoints of Hugging Face).
+  bool all_f32 = true;
+  for (const GgufTensor* t : m.tensors()) all_f32 = all_f32 && (t->n_dims < 2 || t->type == GgmlType::F32);
+  c["torch_dtype"] = all_f32 ? "float32" : "bfloat16";
+  c["gguf"] = {{"file", file}, {"architecture", a.name}};
+  return c;
+}
+
+namespace {
+
+// One GGUF tensor (or one expert's rows of a stacked one) under its Hugging Face name.
+TensorInfo info_for(const GgufTensor& t, const std::string& name, Shape shape, uint64_t byte_begin,
+                    uint64_t nbytes) {
+  TensorInfo i;
+  i.name = name;
+  i.shape = std::move(shape);
+  i.offset = t.offset + byte_begin;
+  i.nbytes = nbytes;
+  switch (t.type) {
+    case GgmlType::F32: i.dtype = DType::F32; break;
+    case GgmlType::F16: i.dtype = DType::F16; break;
+    case GgmlType::BF16: i.dtype = DType::BF16; break;
+    default:
+      require_supported(t.type, t.name, t.file->path());
+      i.dtype = DType::F32;
+      i.ggml_type = static_cast<int32_t>(t.type);
+  }
+  return i;
+}
+
+// The Hugging Face name of a per-layer GGUF tensor suffix ("attn_q.weight" ->
+// "self_attn.q_proj.weight"), or nullopt for one that is not per-layer or unknown.
+std::optional<std::string> layer_name(const std::string& suffix) {
+  static const std::map<std::string, std::string> names = {
+      {"attn_norm", "input_layernorm"},      {"ffn_norm", "post_attention_layernorm"},
+      {"attn_q", "self_attn.q_proj"},        {"attn_k", "self_attn.k_proj"},
+      {"attn_v", "self_attn.v_proj"},        {"attn_output", "self_attn.o_proj"},
+      {"attn_q_norm", "self_attn.q_norm"},   {"attn_k_norm", "self_attn.k_norm"},
+      {"ffn_gate_inp", "mlp.gate"},          {"ffn_gate_inp_shexp", "mlp.shared_expert_gate"},
+      {"ffn_gate_shexp", "mlp.shared_expert.gate_proj"}, {"ffn_up_shexp", "mlp.shared_expert.up_proj"},
+      {"ffn_down_shexp", "mlp.shared_expert.down_proj"}, {"ffn_gate", "mlp.gate_proj"},
+      {"ffn_up", "mlp.up_proj"},             {"ffn_down", "mlp.down_proj"},
+  };
+  const size_t dot = suffix.rfind('.');
+  if (dot == std::string::npos) return std::nullopt;
+  auto it = names.find(suffix.substr(0, dot));
+  if (it == names.end()) return std::nullopt;
+  return it->second + suffix.substr(dot);  // ".weight" / ".bias"
+}
+
+const std::map<std::string, std::string>& expert_names() {
+  static const std::map<std::string, std::string> n = {
+      {"ffn_gate_exps.weight", "gate_proj.weight"},
+      {"ffn_up_exps.weight", "up_proj.weight"},
+      {"ffn_down_exps.weight", "down_proj.weight"}};
+  return n;
+}
+
+}  // namespace
+
+CheckpointTables open_checkpoint_tables(const std::string& path) {
+  const GgufModel m = GgufModel::open(path);
+  CheckpointTables out;
+  out.config = config_from_gguf(m);
+  const int64_t L = out.config["num_hidden_layers"].get<int64_t>();
+  for (const auto& part : m.parts()) {
+    std::vector<TensorInfo> infos;
+    for (const GgufTensor& t : part->tensors()) {
+      const Shape shape = t.torch_shape();
+      if (t.name == "token_embd.weight") {
+        infos.push_back(info_for(t, "model.embed_tokens.weight", shape, 0, t.nbytes));
+      } else if (t.name == "output_norm.weight") {
+        infos.push_back(info_for(t, "model.norm.weight", shape, 0, t.nbytes));
+      } else if (t.name == "output.weight") {
+        infos.push_back(info_for(t, "lm_head.weight", shape, 0, t.nbytes));
+      } else if (t.name.starts_with("blk.")) {
+        const size_t dot = t.name.find('.', 4);
+        int64_t l = -1;
+        try {
+          l = std::stoll(t.name.substr(4, dot - 4));
+        } catch (const std::exception&) {
+        }
+        MOE_CHECK(dot != std::string::npos && l >= 0 && l < L, "gguf model '{}': tensor '{}' (in '{}') names no "
+                  "layer of the {} the metadata has", path, t.name, part->path(), L);
+        const std::string suffix = t.name.substr(dot + 1);
+        const std::string prefix = fmt::format("model.layers.{}.", l);
+        if (auto it = expert_names().find(suffix); it != expert_names().end()) {
+          MOE_CHECK(t.n_dims == 3, "gguf model '{}': tensor {} should be 3-D [experts, rows, cols]", path,
+                    t.describe());
+          // Expert e is rows [e * ne[1], (e + 1) * ne[1]) of the [ne[2] * ne[1], ne[0]] rows.
+          const uint64_t bytes_per_expert = t.row_bytes() * static_cast<uint64_t>(t.ne[1]);
+          for (int64_t e = 0; e < t.ne[2]; ++e)
+            infos.push_back(info_for(t, fmt::format("{}mlp.experts.{}.{}", prefix, e, it->second), {t.ne[1], t.ne[0]},
+                                     static_cast<uint64_t>(e) * bytes_per_expert, bytes_per_expert));
+        } else if (auto hf = layer_name(suffix)) {
+          infos.push_back(info_for(t, prefix + *hf, shape, 0, t.nbytes));
+        } else {
+          MOE_FAIL("gguf model '{}': tensor {} is not one this engine knows for architecture '{}'", path,
+                   t.describe(), out.config["gguf"]["architecture"].get<std::string>());
+        }
+      } else {
+        MOE_FAIL("gguf model '{}': tensor {} is not one this engine knows", path, t.describe());
+      }
+    }
+    out.files.push_back(
+        SafetensorsFile::from_table(part->mapping(), part->file_size(), part->data_start(), part->path(), infos));
+  }
+  return out;
+}
+
+}  // namespace moe::gguf

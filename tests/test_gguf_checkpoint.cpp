@@ -1,0 +1,234 @@
+// GGUF files as checkpoints (loader/gguf/gguf_checkpoint.h): the model a GGUF holds gives
+// the same logits, bit for bit, as the Hugging Face directory it was converted from
+// (tests/fixtures/gguf/models, written by tools/gen_gguf_model_fixtures.py with gguf-py:
+// llama.cpp's names, types and splitting), and a quantised one the same logits as a
+// directory of gguf-py's dequantised values; the config is the source's; bad files fail
+// with errors that name the problem.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/check.h"
+#include "kernels/grouped_gemm_int4.h"
+#include "loader/checkpoint.h"
+#include "loader/gguf/gguf_checkpoint.h"
+#include "loader/gguf/gguf_file.h"
+#include "loader/moe_weights.h"
+#include "moe/config.h"
+#include "model/model.h"
+#include "runtime/generate.h"
+#include "test_model_util.h"
+
+namespace moe {
+namespace {
+
+const std::string kModels = std::string(MOE_FIXTURES_DIR) + "/gguf/models/";
+// Q4_0ExpertsModelNearTheF32One: int8 rounding of the experts' input (relative error up
+// to 1/254 per value) is the only difference; measured 1 - cosine = 1.5e-8 on this
+// fixture, whose MoE output is a small part of the residual; 1e-5 leaves a wide margin.
+constexpr double kInt4Cosine = 1 - 1e-5;
+
+test::ModelFixture fixture(const std::string& name) {
+  for (auto& f : test::model_fixtures())
+    if (f.name == name) return f;
+  throw std::runtime_error("no fixture " + name);
+}
+
+std::unique_ptr<Model> load(const std::string& path, DType dt, bool q4_0_as_int4) {
+  ModelOptions o;
+  o.dtype = dt;
+  o.n_slots = 3;
+  o.gguf_q4_0_as_int4 = q4_0_as_int4;
+  return Model::load(path, o);
+}
+
+// Logits of the golden prompts, bitwise, between a GGUF and a directory, in f32 and bf16
+// (GGUF Q4_0 experts dequantised like every other tensor).
+void expect_same_logits(const std::string& gguf, const std::string& dir,
+                        const std::vector<std::vector<int32_t>>& prompts) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    auto a = load(gguf, dt, false);
+    auto b = load(dir, dt, false);
+    const Tensor la = prefill_logits(*a, prompts), lb = prefill_logits(*b, prompts);
+    ASSERT_EQ(la.shape(), lb.shape());
+    int64_t differ = 0;
+    for (int64_t i = 0; i < la.numel(); ++i) differ += la.data<float>()[i] != lb.data<float>()[i];
+    EXPECT_EQ(differ, 0) << "of " << la.numel() << " logits, dtype " << dtype_name(dt) << ", " << gguf;
+  }
+}
+
+TEST(GgufCheckpoint, Bf16FileGivesTheSourceDirectorysLogitsAndTransformers) {
+  const auto f = fixture("qwen3_moe");
+  const std::string path = kModels + "qwen3_moe-BF16.gguf";
+  expect_same_logits(path, f.dir, f.prompts);
+  // And so, against transformers, the bound the directory itself meets (test_model.cpp).
+  auto m = test::load_model(path);
+  EXPECT_LE(test::max_logit_diff(prefill_logits(*m, f.prompts), f.logits, f.prompts), 1e-4);
+}
+
+TEST(GgufCheckpoint, SplitF32FileWithBiasesAndSharedExpert) {
+  const auto f = fixture("qwen2_moe");
+  const std::string path = kModels + "qwen2_moe-F32-00001-of-00002.gguf";
+  EXPECT_EQ(Checkpoint::open(path).shards_opened(), 2u);
+  expect_same_logits(path, f.dir, f.prompts);
+}
+
+TEST(GgufCheckpoint, QuantisedTypesGiveGgufPysDequantisedValues) {
+  const std::string path = kModels + "qwen3moe-quant.gguf", ref = kModels + "qwen3moe-quant-ref";
+  const std::vector<std::vector<int32_t>> prompts = {{3}, {1, 4, 1, 5, 9}, {2, 6, 5, 3, 5, 8, 9, 7, 9}};
+  expect_same_logits(path, ref, prompts);
+  // Every tensor, read whole and in pieces (an expert's rows; a strided column slice
+  // that starts and ends inside quantisation blocks), equals the reference's values.
+  const Checkpoint g = Checkpoint::open(path), r = Checkpoint::open(ref);
+  ASSERT_EQ(g.keys(), r.keys());
+  for (const std::string& k : r.keys()) {
+    const Tensor a = g.view(k), b = r.view(k);
+    ASSERT_EQ(a.shape(), b.shape()) << k;
+    ASSERT_EQ(a.dtype(), DType::F32) << k;
+    ASSERT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << k;
+    if (a.ndim() != 2) continue;
+    const int64_t rows = a.dim(0), cols = a.dim(1), piece = cols / 2 - 3, start = 5;
+    std::vector<float> got(static_cast<size_t>(piece * rows));
+    g.copy_strided(k, start, piece, cols, rows, got.data());
+    for (int64_t i = 0; i < rows; ++i)
+      ASSERT_EQ(std::memcmp(&got[i * piece], b.data<float>() + i * cols + start, piece * 4), 0) << k << " row " << i;
+  }
+  // The quantised bytes are what is counted as read, not 4 bytes per value.
+  EXPECT_LT(g.bytes_touched(), r.bytes_touched() / 3);
+}
+
+// Q4_0 experts load into W4A8 int4 with no loss: every local expert's (u - z) * s is
+// gguf-py's dequantised value, bit for bit, on one rank, under EP and under MoE-TP.
+TEST(GgufCheckpoint, Q4_0ExpertsAreExactInt4) {
+  const Checkpoint g = Checkpoint::open(kModels + "qwen3moe-quant.gguf");
+  const Checkpoint r = Checkpoint::open(kModels + "qwen3moe-quant-ref");
+  const MoeConfig cfg = MoeConfig::from_hf(g.config());
+  struct Layout { int64_t begin, end; int tp_rank, tp_size; };
+  for (const Layout lay : {Layout{0, -1, 0, 1}, Layout{2, 4, 0, 1}, Layout{1, 3, 1, 2}}) {
+    MlpLoadOptions o;
+    o.compute = DType::BF16;
+    o.expert_begin = lay.begin;
+    o.expert_end = lay.end;
+    o.tp_rank = lay.tp_rank;
+    o.tp_size = lay.tp_size;
+    const MoeLayerWeights w = load_moe_layer(g, cfg, 0, o);
+    ASSERT_EQ(w.w13.int4_group, 32);
+    const int64_t I = cfg.moe_intermediate_size, Il = I / lay.tp_size, i0 = lay.tp_rank * Il, H = cfg.hidden_size;
+    const int64_t n_local = (lay.end < 0 ? cfg.n_experts : lay.end) - lay.begin;
+    for (int64_t e = 0; e < n_local; ++e) {
+      const std::string p = fmt::format("model.layers.0.mlp.experts.{}.", lay.begin + e);
+      const Tensor gate = r.view(p + "gate_proj.weight"), up = r.view(p + "up_proj.weight"),
+                   down = r.view(p + "down_proj.weight");
+      Tensor u, z, sc;
+      unpack_expert_q4(w.w13, e, u, z, sc);
+      for (int64_t n = 0; n < 2 * Il; ++n)
+        for (int64_t k = 0; k < H; ++k) {
+          const float got = (float(u.data<uint8_t>()[n * H + k]) - float(z.data<uint8_t>()[n * (H / 32) + k / 32])) *
+                            sc.data<float>()[n * (H / 32) + k / 32];
+          const float want = (n < Il ? gate : up).data<float>()[(i0 + n % Il) * H + k];
+          ASSERT_EQ(got, want) << p << " w13 row " << n << " col " << k;
+        }
+      unpack_expert_q4(w.w2, e, u, z, sc);
+      for (int64_t n = 0; n < H; ++n)
+        for (int64_t k = 0; k < Il; ++k) {
+          const float got = (float(u.data<uint8_t>()[n * Il + k]) - float(z.data<uint8_t>()[n * (Il / 32) + k / 32])) *
+                            sc.data<float>()[n * (Il / 32) + k / 32];
+          ASSERT_EQ(got, down.data<float>()[n * I + i0 + k]) << p << " w2 row " << n << " col " << k;
+        }
+    }
+  }
+}
+
+// With the experts in int4 only the activations entering them are rounded (int8 per
+// token), so the logits stay close to the all-f32 model's.
+TEST(GgufCheckpoint, Q4_0ExpertsModelNearTheF32One) {
+  const std::string path = kModels + "qwen3moe-quant.gguf";
+  const std::vector<std::vector<int32_t>> prompts = {{3}, {1, 4, 1, 5, 9}, {2, 6, 5, 3, 5, 8, 9, 7, 9}};
+  auto q = load(path, DType::F32, true), f = load(path, DType::F32, false);
+  const Tensor lq = prefill_logits(*q, prompts), lf = prefill_logits(*f, prompts);
+  const int64_t S = lq.dim(1), V = lq.dim(2);
+  double worst = 1;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    for (int64_t s = 0; s < static_cast<int64_t>(prompts[i].size()); ++s) {
+      double ab = 0, aa = 0, bb = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const double a = lq.data<float>()[(i * S + s) * V + v], b = lf.data<float>()[(i * S + s) * V + v];
+        ab += a * b, aa += a * a, bb += b * b;
+      }
+      worst = std::min(worst, ab / std::sqrt(aa * bb));
+    }
+  std::printf("[ gguf ] Q4_0 experts in int4 vs dequantised f32: worst logit cosine %.9f\n", worst);
+  EXPECT_GE(worst, kInt4Cosine);
+  EXPECT_LT(worst, 1.0);  // the int8 activations do change something: the int4 path ran
+}
+
+TEST(GgufCheckpoint, ConfigIsTheSources) {
+  for (const auto& [gguf, dir] : {std::pair{"qwen3_moe-BF16.gguf", "qwen3_moe"},
+                                  std::pair{"qwen2_moe-F32-00001-of-00002.gguf", "qwen2_moe"}}) {
+    const nlohmann::json c = Checkpoint::open(kModels + gguf).config();
+    const nlohmann::json s = Checkpoint::open(std::string(MOE_FIXTURES_DIR) + "/" + dir).config();
+    for (const char* k : {"model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
+                          "num_key_value_heads", "max_position_embeddings", "moe_intermediate_size",
+                          "num_experts_per_tok", "norm_topk_prob", "vocab_size", "tie_word_embeddings"})
+      EXPECT_EQ(c.at(k), s.at(k)) << gguf << " " << k;
+    EXPECT_EQ(c.at("num_experts"), s.contains("num_experts") ? s.at("num_experts") : s.at("num_local_experts"));
+    EXPECT_EQ(c.at("mlp_only_layers"), s.at("mlp_only_layers")) << gguf;
+  }
+}
+
+TEST(GgufCheckpoint, ExpertsAreOneByteRangeEachAndEpReadsOnlyItsOwn) {
+  const Checkpoint g = Checkpoint::open(kModels + "qwen3_moe-BF16.gguf");
+  const TensorInfo& e0 = g.info("model.layers.0.mlp.experts.0.gate_proj.weight");
+  const TensorInfo& e1 = g.info("model.layers.0.mlp.experts.1.gate_proj.weight");
+  EXPECT_EQ(e0.shape, (Shape{24, 40}));
+  EXPECT_EQ(e1.offset, e0.offset + e0.nbytes);  // stacked: expert 1 follows expert 0
+  (void)g.view("model.layers.0.mlp.experts.1.gate_proj.weight");
+  EXPECT_EQ(g.bytes_touched(), e1.nbytes);
+}
+
+// A GGUF written here: the qwen3 fixture's metadata with one key changed or a tensor
+// renamed, so each error names exactly what is wrong.
+std::string rewrite(const std::string& name, const std::string& from, const std::string& to) {
+  std::ifstream in(kModels + "qwen3_moe-BF16.gguf", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = bytes.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  EXPECT_EQ(from.size(), to.size());
+  bytes.replace(at, from.size(), to);
+  const std::string out = (std::filesystem::temp_directory_path() / name).string();
+  std::ofstream(out, std::ios::binary) << bytes;
+  return out;
+}
+
+void expect_error(const std::string& path, const std::vector<std::string>& parts) {
+  try {
+    Checkpoint::open(path);
+    ADD_FAILURE() << "no error for " << path;
+  } catch (const Error& e) {
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+TEST(GgufCheckpoint, BadFilesNameTheProblem) {
+  // An unknown architecture.
+  expect_error(rewrite("moe_gguf_arch2.gguf", "qwen3moe", "qwen9moe"), {"qwen9moe", "qwen3moe, qwen2moe"});
+  // A tensor the mapping does not know.
+  expect_error(rewrite("moe_gguf_tensor.gguf", "blk.0.attn_q_norm", "blk.0.attn_x_norm"),
+               {"blk.0.attn_x_norm", "not one this engine knows"});
+  // A layer past block_count.
+  expect_error(rewrite("moe_gguf_layer.gguf", "blk.2.attn_norm", "blk.7.attn_norm"), {"blk.7.attn_norm", "layer"});
+  // A missing hparam.
+  expect_error(rewrite("moe_gguf_key.gguf", "qwen3moe.expert_count", "qwen3moe.expert_cxunt"),
+               {"qwen3moe.expert_count"});
+}
+
+TEST(GgufCheckpoint, OpenTellsAGgufFileByItsMagic) {
+  EXPECT_TRUE(gguf::is_gguf_file(kModels + "qwen3_moe-BF16.gguf"));
+  EXPECT_FALSE(gguf::is_gguf_file(std::string(MOE_FIXTURES_DIR) + "/qwen3_moe/config.json"));
+  EXPECT_FALSE(gguf::is_gguf_file(std::string(MOE_FIXTURES_DIR) + "/qwen3_moe"));
+  expect_error(std::string(MOE_FIXTURES_DIR) + "/qwen3_moe/config.json", {"not a directory (or a GGUF file)"});
+}
+
+}  // namespace
+}  // namespace moe

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Writes the GGUF model fixtures of tests/test_gguf_checkpoint.cpp with gguf-py
+(llama.cpp's own GGUF library: its writer, its tensor names, its quantisers and
+dequantisers) and numpy only.
+
+    python3 -m venv /tmp/gguf-venv
+    /tmp/gguf-venv/bin/pip install gguf==0.19.0 numpy==2.4.6 tokenizers==0.23.3
+    /tmp/gguf-venv/bin/python tools/gen_gguf_model_fixtures.py
+
+Into tests/fixtures/gguf/models/:
+  qwen3_moe-BF16.gguf   tests/fixtures/qwen3_moe (bf16) as convert_hf_to_gguf.py writes it:
+                        2-D weights BF16 as stored, norms and the router F32, experts
+                        stacked [E, n, k], the dense layer's MLP as ffn_{gate,up,down}
+  qwen2_moe-F32-0000{1,2}-of-00002.gguf
+                        tests/fixtures/qwen2_moe (f32; attention biases, shared expert and
+                        its gate) in F32 (convert_hf_to_gguf.py --outtype f32), split in two
+                        parts as gguf-split writes them
+  chat_qwen3-BF16.gguf  tests/fixtures/chat_qwen3 with its tokenizer and chat template in the
+                        tokenizer.* metadata (tools/gen_gguf_tokenizer_fixtures.py's writer)
+  qwen3moe-quant.gguf   a random Qwen3-MoE-shaped model whose tensors use every supported
+                        quantised type (gguf.quants.quantize where gguf-py can quantise;
+                        random valid blocks for the K-quants, which it cannot): token_embd
+                        and attn_output Q8_0, attn_q Q4_K, attn_k Q5_K, attn_v and output
+                        Q6_K, the routed experts Q4_0, the dense layer Q4_1 / Q5_0 / Q5_1
+  qwen3moe-quant-ref/   the same model as a Hugging Face directory: config.json and f32
+                        weights that are gguf.quants.dequantize's values of each tensor
+                        (the reference the engine's reading of the GGUF must equal)
+Deterministic (seeded); rerunning rewrites the same bytes.
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as T
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_from_checkpoint import read_safetensors, vocab  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIX = os.path.join(ROOT, "tests", "fixtures")
+OUT = os.path.join(FIX, "gguf", "models")
+
+ATTN = (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output"))
+MLP = (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down"))
+
+
+def load_dir(d):
+    tensors = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            tensors.update(read_safetensors(os.path.join(d, f)))
+    return json.load(open(os.path.join(d, "config.json"))), tensors
+
+
+def as_f32(entry):
+    dt, shape, raw = entry
+    if dt == "BF16":
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    assert dt == "F32", dt
+    return raw.view(np.float32).reshape(shape)
+
+
+def header(w, arch, cfg, tokenizer=None):
+    """The hparams convert_hf_to_gguf.py writes for Qwen2-MoE / Qwen3-MoE."""
+    H, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    hd = cfg.get("head_dim") or H // heads
+    rope = cfg.get("rope_parameters") or {}
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    if arch == "qwen3moe":
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if cfg.get("shared_expert_intermediate_size"):
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if tokenizer:  # a fixture's real tokenizer, as convert_hf_to_gguf.py writes it
+        from gen_gguf_tokenizer_fixtures import add_tokenizer
+        add_tokenizer(w, f"{tokenizer}/tokenizer.json", f"{tokenizer}/tokenizer_config.json", f"{tokenizer}/config.json",
+                      "gpt2", "qwen2")
+        return
+    # A placeholder byte-level vocabulary of vocab_size tokens (these models have no
+    # tokenizer; the loader tests feed ids): the first byte tokens, no merges.
+    tokens, _ = vocab(256)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens[: cfg["vocab_size"]])
+    w.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
+    w.add_token_merges([])
+
+
+def convert(src, arch, out, f32, split=False, tokenizer=None):
+    """A fixture checkpoint directory -> GGUF with llama.cpp's names (gguf.TENSOR_NAMES)."""
+    cfg, tensors = load_dir(os.path.join(FIX, src))
+    L = cfg["num_hidden_layers"]
+    E = cfg.get("num_experts") or cfg["num_local_experts"]
+    dense = set(cfg.get("mlp_only_layers") or [])
+    kw = {"split_max_tensors": 20} if split else {}
+    w = gguf.GGUFWriter(out, arch, **kw)
+    header(w, arch, cfg, tokenizer)
+
+    def put(gname, hname, keep_f32=False):
+        dt, shape, raw = tensors[hname]
+        if f32 or keep_f32 or dt == "F32":
+            w.add_tensor(gname, as_f32(tensors[hname]))
+        else:
+            w.add_tensor(gname, raw.view(np.uint16).reshape(shape), raw_dtype=T.BF16)
+
+    put("token_embd.weight", "model.embed_tokens.weight")
+    put("output_norm.weight", "model.norm.weight", True)
+    put("output.weight", "lm_head.weight")
+    for l in range(L):
+        p, g = f"model.layers.{l}.", f"blk.{l}."
+        put(g + "attn_norm.weight", p + "input_layernorm.weight", True)
+        put(g + "ffn_norm.weight", p + "post_attention_layernorm.weight", True)
+        for hf, gg in ATTN:
+            put(f"{g}{gg}.weight", f"{p}self_attn.{hf}.weight")
+            if p + f"self_attn.{hf}.bias" in tensors:
+                put(f"{g}{gg}.bias", f"{p}self_attn.{hf}.bias", True)
+        if p + "self_attn.q_norm.weight" in tensors:
+            put(g + "attn_q_norm.weight", p + "self_attn.q_norm.weight", True)
+            put(g + "attn_k_norm.weight", p + "self_attn.k_norm.weight", True)
+        if l in dense:
+            for hf, gg in MLP:
+                put(f"{g}ffn_{gg}.weight", f"{p}mlp.{hf}.weight")
+            continue
+        put(g + "ffn_gate_inp.weight", p + "mlp.gate.weight", True)
+        for hf, gg in MLP:
+            stacked = np.stack([as_f32(tensors[f"{p}mlp.experts.{e}.{hf}.weight"]) for e in range(E)])
+            if f32 or tensors[f"{p}mlp.experts.0.{hf}.weight"][0] == "F32":
+                w.add_tensor(f"{g}ffn_{gg}_exps.weight", stacked)
+            else:
+                bits = (stacked.view(np.uint32) >> 16).astype(np.uint16)  # exact: the values are bf16
+                w.add_tensor(f"{g}ffn_{gg}_exps.weight", bits, raw_dtype=T.BF16)
+        if p + "mlp.shared_expert_gate.weight" in tensors:
+            put(g + "ffn_gate_inp_shexp.weight", p + "mlp.shared_expert_gate.weight", True)
+            for hf, gg in MLP:
+                put(f"{g}ffn_{gg}_shexp.weight", f"{p}mlp.shared_expert.{hf}.weight")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# ---- the quantised model -------------------------------------------------------------
+
+QCFG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 256,
+    "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+    "intermediate_size": 64, "moe_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2,
+    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [1], "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": 64, "tie_word_embeddings": False,
+    "hidden_act": "silu", "attention_bias": False, "torch_dtype": "float32",
+}
+
+
+def kquant_blocks(rng, qtype, n_rows, row_len):
+    """Random valid K-quant blocks: small finite f16 d / dmin, random scales and codes."""
+    bs, bb = gguf.GGML_QUANT_SIZES[qtype]
+    nblk = n_rows * row_len // bs
+    raw = rng.integers(0, 256, size=(nblk, bb), dtype=np.uint8)
+    def f16(lo, hi, n):
+        return rng.uniform(lo, hi, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+    if qtype in (T.Q4_K, T.Q5_K):  # d, dmin first
+        raw[:, 0:2] = f16(0.002, 0.02, nblk)
+        raw[:, 2:4] = f16(0.0, 0.02, nblk)
+    elif qtype == T.Q6_K:  # ql, qh, scales (int8), then d last
+        raw[:, bb - 2:bb] = f16(0.0005, 0.004, nblk)
+    return raw.reshape(n_rows, row_len // bs * bb)
+
+
+def quant_tensor(rng, qtype, shape):
+    """(raw bytes shaped as gguf-py stores them, f32 dequantised values of the same shape)."""
+    if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+        rows = int(np.prod(shape[:-1]))
+        raw = kquant_blocks(rng, qtype, rows, shape[-1])
+        raw = raw.reshape(*shape[:-1], raw.shape[-1])
+    else:
+        vals = rng.normal(0, 0.06, size=shape).astype(np.float32)
+        raw = gguf.quants.quantize(vals, qtype)
+    return raw, gguf.quants.dequantize(raw, qtype).astype(np.float32).reshape(shape)
+
+
+def write_safetensors(path, tensors):
+    hdr, off, blobs = {}, 0, []
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name], dtype=np.float32)
+        hdr[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+        blobs.append(a.tobytes())
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def quantised():
+    rng = np.random.default_rng(2026)
+    cfg = QCFG
+    H, L, E, I, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_experts"], cfg["moe_intermediate_size"], cfg["vocab_size"]
+    q_dim, kv_dim = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    w = gguf.GGUFWriter(os.path.join(OUT, "qwen3moe-quant.gguf"), "qwen3moe")
+    header(w, "qwen3moe", cfg)
+    ref = {}
+
+    def qput(gname, hname, qtype, shape):
+        raw, deq = quant_tensor(rng, qtype, shape)
+        w.add_tensor(gname, raw, raw_dtype=qtype)
+        ref[hname] = deq
+
+    def fput(gname, hname, shape, scale=0.3, offset=1.0):
+        a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+        w.add_tensor(gname, a)
+        ref[hname] = a
+
+    qput("token_embd.weight", "model.embed_tokens.weight", T.Q8_0, (V, H))
+    fput("output_norm.weight", "model.norm.weight", (H,))
+    qput("output.weight", "lm_head.weight", T.Q6_K, (V, H))
+    types = {"attn_q": T.Q4_K, "attn_k": T.Q5_K, "attn_v": T.Q6_K, "attn_output": T.Q8_0}
+    shapes = {"attn_q": (q_dim, H), "attn_k": (kv_dim, H), "attn_v": (kv_dim, H), "attn_output": (H, q_dim)}
+    for l in range(L):
+        p, g = f"model.layers.{l}.", f"blk.{l}."
+        fput(g + "attn_norm.weight", p + "input_layernorm.weight", (H,))
+        fput(g + "ffn_norm.weight", p + "post_attention_layernorm.weight", (H,))
+        for hf, gg in ATTN:
+            qput(f"{g}{gg}.weight", f"{p}self_attn.{hf}.weight", types[gg], shapes[gg])
+        fput(g + "attn_q_norm.weight", p + "self_attn.q_norm.weight", (cfg["head_dim"],))
+        fput(g + "attn_k_norm.weight", p + "self_attn.k_norm.weight", (cfg["head_dim"],))
+        if l in cfg["mlp_only_layers"]:
+            for (hf, gg), qt in zip(MLP, (T.Q4_1, T.Q5_0, T.Q5_1)):
+                shape = (cfg["intermediate_size"], H) if gg != "down" else (H, cfg["intermediate_size"])
+                qput(f"{g}ffn_{gg}.weight", f"{p}mlp.{hf}.weight", qt, shape)
+            continue
+        fput(g + "ffn_gate_inp.weight", p + "mlp.gate.weight", (E, H), 0.1, 0.0)
+        for (hf, gg), qt in zip(MLP, (T.Q4_0, T.Q4_0, T.Q4_0)):  # as in llama.cpp's Q4_0 files
+            shape = (E, I, H) if gg != "down" else (E, H, I)
+            raw, deq = quant_tensor(rng, qt, shape)
+            w.add_tensor(f"{g}ffn_{gg}_exps.weight", raw, raw_dtype=qt)
+            for e in range(E):
+                ref[f"{p}mlp.experts.{e}.{hf}.weight"] = deq[e]
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    d = os.path.join(OUT, "qwen3moe-quant-ref")
+    os.makedirs(d, exist_ok=True)
+    write_safetensors(os.path.join(d, "model.safetensors"), ref)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    convert("qwen3_moe", "qwen3moe", os.path.join(OUT, "qwen3_moe-BF16.gguf"), f32=False)
+    convert("qwen2_moe", "qwen2moe", os.path.join(OUT, "qwen2_moe-F32.gguf"), f32=True, split=True)
+    convert("chat_qwen3", "qwen3moe", os.path.join(OUT, "chat_qwen3-BF16.gguf"), f32=False, tokenizer="chat_qwen3")
+    quantised()
+
+
+if __name__ == "__main__":
+    main()
