@@ -10,7 +10,9 @@
 //   - the first row of a supported tensor dequantises (every byte of it read), and for
 //     the integer-coded types scale * q - offset equals the dequantised value bit for
 //     bit (or +0 for a reference -0) wherever the block's scales are finite.
-// Typed getters on every key either return or throw moe::Error. Anything else (a crash,
+// Typed getters on every key either return or throw moe::Error. A valid file is then
+// mapped as a model (gguf_checkpoint.h) and its tokenizer converted (gguf_tokenizer.h):
+// each either succeeds or throws moe::Error. Anything else (a crash,
 // a sanitizer report, another exception, a broken promise) is a bug in the reader.
 #include <algorithm>
 #include <cmath>
@@ -25,7 +27,9 @@
 #include <vector>
 
 #include "core/check.h"
+#include "loader/gguf/gguf_checkpoint.h"
 #include "loader/gguf/gguf_file.h"
+#include "loader/gguf/gguf_tokenizer.h"
 #include "loader/gguf/gguf_types.h"
 
 namespace {
@@ -179,5 +183,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   check_file(*f, size);
+  // What a valid file is handed on to: the model's config and tensor map, and the
+  // tokenizer converter. Each must throw moe::Error or succeed; the tokenizer converter's
+  // output must be JSON, and every mapped tensor must lie inside the file.
+  try {
+    const CheckpointTables t = checkpoint_tables(GgufModel::from_file(f));
+    for (const auto& table : t.files)
+      for (const moe::TensorInfo& ti : table->tensors()) FUZZ_ASSERT(ti.offset + ti.nbytes <= size);
+  } catch (const moe::Error&) {
+  }
+  try {
+    const TokenizerFiles tf = tokenizer_files(f->metadata(), "fuzz.gguf");
+    FUZZ_ASSERT(nlohmann::json::accept(tf.tokenizer_json) && nlohmann::json::accept(tf.tokenizer_config_json));
+  } catch (const moe::Error&) {
+  }
   return 0;
 }

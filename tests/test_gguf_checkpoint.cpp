@@ -67,6 +67,22 @@ TEST(GgufCheckpoint, Bf16FileGivesTheSourceDirectorysLogitsAndTransformers) {
   EXPECT_LE(test::max_logit_diff(prefill_logits(*m, f.prompts), f.logits, f.prompts), 1e-4);
 }
 
+// Mixtral as llama.cpp stores it (architecture llama with experts, q and k rows permuted
+// for interleaved RoPE): the same model, so transformers' goldens hold with the bound the
+// directory meets; only q.k's summation order differs from the directory's.
+TEST(GgufCheckpoint, MixtralWithPermutedQkMatchesTransformers) {
+  const auto f = fixture("mixtral");
+  auto g = test::load_model(kModels + "mixtral-F32.gguf"), d = test::load_model(f.dir);
+  const Tensor lg = prefill_logits(*g, f.prompts), ld = prefill_logits(*d, f.prompts);
+  EXPECT_LE(test::max_logit_diff(lg, f.logits, f.prompts), 1e-4);
+  EXPECT_LE(test::max_logit_diff(lg, ld, f.prompts), 1e-5);
+  GenerateOptions go;
+  go.max_new_tokens = 16;
+  go.ignore_eos = true;
+  const GenerateResult r = generate(*g, f.prompts, go);
+  for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
+}
+
 TEST(GgufCheckpoint, SplitF32FileWithBiasesAndSharedExpert) {
   const auto f = fixture("qwen2_moe");
   const std::string path = kModels + "qwen2_moe-F32-00001-of-00002.gguf";
@@ -212,7 +228,7 @@ void expect_error(const std::string& path, const std::vector<std::string>& parts
 
 TEST(GgufCheckpoint, BadFilesNameTheProblem) {
   // An unknown architecture.
-  expect_error(rewrite("moe_gguf_arch2.gguf", "qwen3moe", "qwen9moe"), {"qwen9moe", "qwen3moe, qwen2moe"});
+  expect_error(rewrite("moe_gguf_arch2.gguf", "qwen3moe", "qwen9moe"), {"qwen9moe", "qwen3moe, qwen2moe, llama"});
   // A tensor the mapping does not know.
   expect_error(rewrite("moe_gguf_tensor.gguf", "blk.0.attn_q_norm", "blk.0.attn_x_norm"),
                {"blk.0.attn_x_norm", "not one this engine knows"});

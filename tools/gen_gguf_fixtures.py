@@ -189,9 +189,9 @@ def add_tensors(w, tensors):
             w.add_tensor(name, arr, raw_dtype=qtype)
 
 
-def write(path, tensors, meta=(), alignment=None, split_max_tensors=0):
+def write(path, tensors, meta=(), alignment=None, split_max_tensors=0, arch="llama"):
     path.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     if alignment is not None:
         w.add_custom_alignment(alignment)
     add_metadata(w, meta)
@@ -277,6 +277,25 @@ def main():
              ("h", Q.F32, special_f32(rng, (2, 3)))])
     write(CORPUS / "k_quants.gguf", [(n, q, quantized(rng, q, (1, 256))) for n, q in
                                      [("k4", Q.Q4_K), ("k5", Q.Q5_K), ("k6", Q.Q6_K)]])
+    # What fuzz_gguf hands on to the model's config and tensor map and to the tokenizer
+    # converter: a tiny qwen3moe model and a tiny byte-level BPE tokenizer.
+    S, U32, F = V.STRING, V.UINT32, V.FLOAT32
+    hp = [("qwen3moe.block_count", U32, 1), ("qwen3moe.embedding_length", U32, 8), ("qwen3moe.context_length", U32, 16),
+          ("qwen3moe.attention.head_count", U32, 1), ("qwen3moe.attention.head_count_kv", U32, 1),
+          ("qwen3moe.attention.key_length", U32, 8), ("qwen3moe.attention.layer_norm_rms_epsilon", F, 1e-6),
+          ("qwen3moe.expert_count", U32, 2), ("qwen3moe.expert_used_count", U32, 1),
+          ("qwen3moe.expert_feed_forward_length", U32, 8)]
+    write(CORPUS / "qwen3moe_tiny.gguf",
+          [("token_embd.weight", Q.F32, rng.standard_normal((4, 8)).astype(F32)),
+           ("blk.0.attn_q.weight", Q.F16, rng.standard_normal((8, 8)).astype(np.float16)),
+           ("blk.0.ffn_gate_exps.weight", Q.F32, rng.standard_normal((2, 8, 8)).astype(F32))],
+          [(k, t, v, None) for k, t, v in hp], arch="qwen3moe")
+    tok = [("tokenizer.ggml.model", S, "gpt2", None), ("tokenizer.ggml.pre", S, "qwen2", None),
+           ("tokenizer.ggml.tokens", V.ARRAY, ["a", "b", "ab", "<|x|>"], S),
+           ("tokenizer.ggml.token_type", V.ARRAY, [1, 1, 1, 3], V.INT32),
+           ("tokenizer.ggml.merges", V.ARRAY, ["a b"], S), ("tokenizer.ggml.eos_token_id", U32, 3, None),
+           ("tokenizer.chat_template", S, "{{ messages[0].content }}", None)]
+    write(CORPUS / "tokenizer_tiny.gguf", [], tok)
     shutil.copy(OUT / "aligned64.gguf", CORPUS / "aligned64.gguf")
     for p in parts:
         shutil.copy(OUT / p, CORPUS / Path(p).name)

@@ -15,6 +15,8 @@ Into tests/fixtures/gguf/models/:
                         tests/fixtures/qwen2_moe (f32; attention biases, shared expert and
                         its gate) in F32 (convert_hf_to_gguf.py --outtype f32), split in two
                         parts as gguf-split writes them
+  mixtral-F32.gguf      tests/fixtures/mixtral as the `llama` architecture with experts, q and k
+                        rows permuted for ggml's interleaved RoPE as the converter does
   chat_qwen3-BF16.gguf  tests/fixtures/chat_qwen3 with its tokenizer and chat template in the
                         tokenizer.* metadata (tools/gen_gguf_tokenizer_fixtures.py's writer)
   qwen3moe-quant.gguf   a random Qwen3-MoE-shaped model whose tensors use every supported
@@ -152,6 +154,58 @@ def convert(src, arch, out, f32, split=False, tokenizer=None):
     w.close()
 
 
+def permute(w, n_head):
+    """convert_hf_to_gguf.py's LlamaModel.permute: each head's rows from rotate_half order
+    (i, i + d/2) to ggml's interleaved pairs (2i, 2i + 1)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def convert_mixtral(src, out):
+    """A Mixtral fixture -> GGUF as convert_hf_to_gguf.py's LlamaModel writes it (F32)."""
+    cfg, tensors = load_dir(os.path.join(FIX, src))
+    L, E = cfg["num_hidden_layers"], cfg["num_local_experts"]
+    H, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or H // heads
+    rope = cfg.get("rope_parameters") or {}
+    w = gguf.GGUFWriter(out, "llama")
+    w.add_block_count(L)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(E)
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    tokens, _ = vocab(256)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens[: cfg["vocab_size"]])
+    w.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
+    f = lambda n: as_f32(tensors[n])
+    w.add_tensor("token_embd.weight", f("model.embed_tokens.weight"))
+    w.add_tensor("output_norm.weight", f("model.norm.weight"))
+    w.add_tensor("output.weight", f("lm_head.weight"))
+    for l in range(L):
+        p, g = f"model.layers.{l}.", f"blk.{l}."
+        w.add_tensor(g + "attn_norm.weight", f(p + "input_layernorm.weight"))
+        w.add_tensor(g + "ffn_norm.weight", f(p + "post_attention_layernorm.weight"))
+        w.add_tensor(g + "attn_q.weight", permute(f(p + "self_attn.q_proj.weight"), heads))
+        w.add_tensor(g + "attn_k.weight", permute(f(p + "self_attn.k_proj.weight"), kv))
+        w.add_tensor(g + "attn_v.weight", f(p + "self_attn.v_proj.weight"))
+        w.add_tensor(g + "attn_output.weight", f(p + "self_attn.o_proj.weight"))
+        w.add_tensor(g + "ffn_gate_inp.weight", f(p + "block_sparse_moe.gate.weight"))
+        for hf, gg in (("w1", "gate"), ("w3", "up"), ("w2", "down")):
+            w.add_tensor(f"{g}ffn_{gg}_exps.weight",
+                         np.stack([f(f"{p}block_sparse_moe.experts.{e}.{hf}.weight") for e in range(E)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 # ---- the quantised model -------------------------------------------------------------
 
 QCFG = {
@@ -265,6 +319,7 @@ def main():
     convert("qwen3_moe", "qwen3moe", os.path.join(OUT, "qwen3_moe-BF16.gguf"), f32=False)
     convert("qwen2_moe", "qwen2moe", os.path.join(OUT, "qwen2_moe-F32.gguf"), f32=True, split=True)
     convert("chat_qwen3", "qwen3moe", os.path.join(OUT, "chat_qwen3-BF16.gguf"), f32=False, tokenizer="chat_qwen3")
+    convert_mixtral("mixtral", os.path.join(OUT, "mixtral-F32.gguf"))
     quantised()
 
 

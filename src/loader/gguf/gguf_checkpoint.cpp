@@ -14,23 +14,31 @@ namespace moe::gguf {
 
 namespace {
 
-constexpr const char* kSupportedArchs = "qwen3moe, qwen2moe";
+constexpr const char* kSupportedArchs = "qwen3moe, qwen2moe, llama (with experts: Mixtral)";
 
 struct Arch {
   std::string name;      // general.architecture
   std::string hf_model;  // model_type
   std::string hf_class;  // architectures[0]
-  bool qk_norm = false;  // attn_q_norm / attn_k_norm (Qwen3)
   bool shared = false;   // one shared expert with a sigmoid gate (Qwen2-MoE)
   bool norm_topk = false;
+  // The Hugging Face names of the MLP block: Mixtral's Hub checkpoints keep the experts
+  // under block_sparse_moe with w1 (gate), w3 (up) and w2 (down).
+  std::string moe_block = "mlp";
+  std::string gate = "gate_proj", up = "up_proj", down = "down_proj";
 };
 
 Arch arch_of(const GgufModel& m) {
   const std::string& file = m.parts().front()->path();
   const std::string a = m.metadata().get_str("general.architecture");
-  if (a == "qwen3moe") return {a, "qwen3_moe", "Qwen3MoeForCausalLM", true, false, true};
-  if (a == "qwen2moe") return {a, "qwen2_moe", "Qwen2MoeForCausalLM", false, true, false};
-  if (a == "deepseek2" || a == "llama" || a == "ernie4_5-moe" || a == "mixtral")
+  if (a == "qwen3moe") return {a, "qwen3_moe", "Qwen3MoeForCausalLM", false, true};
+  if (a == "qwen2moe") return {a, "qwen2_moe", "Qwen2MoeForCausalLM", true, false};
+  if (a == "llama") {
+    MOE_CHECK(m.metadata().opt_u32("llama.expert_count").value_or(0) > 1, "gguf model '{}': architecture 'llama' "
+              "without llama.expert_count > 1 is a dense model; this engine runs MoE models", file);
+    return {a, "mixtral", "MixtralForCausalLM", false, true, "block_sparse_moe", "w1", "w3", "w2"};
+  }
+  if (a == "deepseek2" || a == "ernie4_5-moe")
     MOE_FAIL("gguf model '{}': general.architecture '{}' is one of our families but loading it from GGUF is not "
              "supported yet (supported: {}); use its Hugging Face checkpoint", file, a, kSupportedArchs);
   MOE_FAIL("gguf model '{}': general.architecture '{}' is not a supported architecture (supported: {})", file, a,
@@ -68,11 +76,18 @@ nlohmann::json config_from_gguf(const GgufModel& m) {
   const int64_t L = md.get_u32(key("block_count"));
   const int64_t H = md.get_u32(key("embedding_length"));
   const int64_t heads = md.get_u32(key("attention.head_count"));
+  // Every layer has tensors of its own (its norms at least), so a block_count above the
+  // tensor count is a broken file, not a model to loop over.
+  MOE_CHECK(L >= 1 && static_cast<uint64_t>(L) <= m.n_tensors(), "gguf model '{}': {} is {}, but the file has {} "
+            "tensors (expected 1 to that many layers)", file, key("block_count"), L, m.n_tensors());
+  MOE_CHECK(H >= 1 && heads >= 1, "gguf model '{}': {} is {} and {} is {}, expected both >= 1", file,
+            key("embedding_length"), H, key("attention.head_count"), heads);
   c["num_hidden_layers"] = L;
   c["hidden_size"] = H;
   c["num_attention_heads"] = heads;
   c["num_key_value_heads"] = md.opt_u32(key("attention.head_count_kv")).value_or(static_cast<uint32_t>(heads));
-  c["head_dim"] = md.opt_u32(key("attention.key_length")).value_or(static_cast<uint32_t>(H / heads));
+  c["head_dim"] = md.opt_u32(key("attention.key_length"))
+                      .value_or(md.opt_u32(key("rope.dimension_count")).value_or(static_cast<uint32_t>(H / heads)));
   c["max_position_embeddings"] = md.get_u32(key("context_length"));
   c["rms_norm_eps"] = md.get_f32(key("attention.layer_norm_rms_epsilon"));
   c["rope_theta"] = md.opt_f32(key("rope.freq_base")).value_or(10000.0f);
@@ -87,16 +102,29 @@ nlohmann::json config_from_gguf(const GgufModel& m) {
     c["rope_scaling"] = rs;
   }
   c["hidden_act"] = "silu";
-  c["intermediate_size"] = md.opt_u32(key("feed_forward_length")).value_or(0);
-  c["moe_intermediate_size"] = md.get_u32(key("expert_feed_forward_length"));
-  c["num_experts"] = md.get_u32(key("expert_count"));
   c["num_experts_per_tok"] = md.get_u32(key("expert_used_count"));
-  c["norm_topk_prob"] = a.norm_topk;
-  c["decoder_sparse_step"] = 1;
-  nlohmann::json dense = nlohmann::json::array();
-  for (int64_t l = 0; l < L; ++l)
-    if (!has_experts(m, l)) dense.push_back(l);
-  c["mlp_only_layers"] = dense;
+  if (a.name == "llama") {
+    // Mixtral: every layer is MoE and feed_forward_length is the experts' size. llama.cpp's
+    // converter permutes each head's q and k rows from rotate_half order (i, i + d/2) to
+    // ggml's interleaved pairs (2i, 2i + 1), so RoPE here rotates interleaved pairs too
+    // (DeepSeek-V3's config key): q.k is the same sum in another order.
+    c["num_local_experts"] = md.get_u32(key("expert_count"));
+    c["intermediate_size"] = md.get_u32(key("feed_forward_length"));
+    c["rope_interleave"] = true;
+    for (int64_t l = 0; l < L; ++l)
+      MOE_CHECK(has_experts(m, l), "gguf model '{}': layer {} has no ffn_gate_exps: a llama model with experts "
+                "(Mixtral) has them in every layer", file, l);
+  } else {
+    c["intermediate_size"] = md.opt_u32(key("feed_forward_length")).value_or(0);
+    c["moe_intermediate_size"] = md.get_u32(key("expert_feed_forward_length"));
+    c["num_experts"] = md.get_u32(key("expert_count"));
+    c["norm_topk_prob"] = a.norm_topk;
+    c["decoder_sparse_step"] = 1;
+    nlohmann::json dense = nlohmann::json::array();
+    for (int64_t l = 0; l < L; ++l)
+      if (!has_experts(m, l)) dense.push_back(l);
+    c["mlp_only_layers"] = dense;
+  }
   if (a.shared) c["shared_expert_intermediate_size"] = md.get_u32(key("expert_shared_feed_forward_length"));
   c["attention_bias"] = m.find("blk.0.attn_q.bias") != nullptr;
   const GgufTensor& emb = m.tensor("token_embd.weight");
@@ -137,13 +165,14 @@ TensorInfo info_for(const GgufTensor& t, const std::string& name, Shape shape, u
 
 // The Hugging Face name of a per-layer GGUF tensor suffix ("attn_q.weight" ->
 // "self_attn.q_proj.weight"), or nullopt for one that is not per-layer or unknown.
-std::optional<std::string> layer_name(const std::string& suffix) {
+std::optional<std::string> layer_name(const Arch& a, const std::string& suffix) {
+  if (suffix == "ffn_gate_inp.weight") return a.moe_block + ".gate.weight";
   static const std::map<std::string, std::string> names = {
       {"attn_norm", "input_layernorm"},      {"ffn_norm", "post_attention_layernorm"},
       {"attn_q", "self_attn.q_proj"},        {"attn_k", "self_attn.k_proj"},
       {"attn_v", "self_attn.v_proj"},        {"attn_output", "self_attn.o_proj"},
       {"attn_q_norm", "self_attn.q_norm"},   {"attn_k_norm", "self_attn.k_norm"},
-      {"ffn_gate_inp", "mlp.gate"},          {"ffn_gate_inp_shexp", "mlp.shared_expert_gate"},
+      {"ffn_gate_inp_shexp", "mlp.shared_expert_gate"},
       {"ffn_gate_shexp", "mlp.shared_expert.gate_proj"}, {"ffn_up_shexp", "mlp.shared_expert.up_proj"},
       {"ffn_down_shexp", "mlp.shared_expert.down_proj"}, {"ffn_gate", "mlp.gate_proj"},
       {"ffn_up", "mlp.up_proj"},             {"ffn_down", "mlp.down_proj"},
@@ -155,19 +184,21 @@ std::optional<std::string> layer_name(const std::string& suffix) {
   return it->second + suffix.substr(dot);  // ".weight" / ".bias"
 }
 
-const std::map<std::string, std::string>& expert_names() {
-  static const std::map<std::string, std::string> n = {
-      {"ffn_gate_exps.weight", "gate_proj.weight"},
-      {"ffn_up_exps.weight", "up_proj.weight"},
-      {"ffn_down_exps.weight", "down_proj.weight"}};
-  return n;
+std::map<std::string, std::string> expert_names(const Arch& a) {
+  return {{"ffn_gate_exps.weight", a.gate + ".weight"},
+          {"ffn_up_exps.weight", a.up + ".weight"},
+          {"ffn_down_exps.weight", a.down + ".weight"}};
 }
 
 }  // namespace
 
-CheckpointTables open_checkpoint_tables(const std::string& path) {
-  const GgufModel m = GgufModel::open(path);
+CheckpointTables open_checkpoint_tables(const std::string& path) { return checkpoint_tables(GgufModel::open(path)); }
+
+CheckpointTables checkpoint_tables(const GgufModel& m) {
+  const std::string& path = m.parts().front()->path();
   CheckpointTables out;
+  const Arch arch = arch_of(m);
+  const std::map<std::string, std::string> experts = expert_names(arch);
   out.config = config_from_gguf(m);
   const int64_t L = out.config["num_hidden_layers"].get<int64_t>();
   for (const auto& part : m.parts()) {
@@ -191,15 +222,16 @@ CheckpointTables open_checkpoint_tables(const std::string& path) {
                   "layer of the {} the metadata has", path, t.name, part->path(), L);
         const std::string suffix = t.name.substr(dot + 1);
         const std::string prefix = fmt::format("model.layers.{}.", l);
-        if (auto it = expert_names().find(suffix); it != expert_names().end()) {
+        if (auto it = experts.find(suffix); it != experts.end()) {
           MOE_CHECK(t.n_dims == 3, "gguf model '{}': tensor {} should be 3-D [experts, rows, cols]", path,
                     t.describe());
           // Expert e is rows [e * ne[1], (e + 1) * ne[1]) of the [ne[2] * ne[1], ne[0]] rows.
           const uint64_t bytes_per_expert = t.row_bytes() * static_cast<uint64_t>(t.ne[1]);
           for (int64_t e = 0; e < t.ne[2]; ++e)
-            infos.push_back(info_for(t, fmt::format("{}mlp.experts.{}.{}", prefix, e, it->second), {t.ne[1], t.ne[0]},
+            infos.push_back(info_for(t, fmt::format("{}{}.experts.{}.{}", prefix, arch.moe_block, e, it->second),
+                                     {t.ne[1], t.ne[0]},
                                      static_cast<uint64_t>(e) * bytes_per_expert, bytes_per_expert));
-        } else if (auto hf = layer_name(suffix)) {
+        } else if (auto hf = layer_name(arch, suffix)) {
           infos.push_back(info_for(t, prefix + *hf, shape, 0, t.nbytes));
         } else {
           MOE_FAIL("gguf model '{}': tensor {} is not one this engine knows for architecture '{}'", path,

@@ -45,6 +45,8 @@ struct CheckpointTables {
 // Opens the model (the first part of a split one) and maps it. Errors name the file,
 // the key or the tensor.
 CheckpointTables open_checkpoint_tables(const std::string& path);
+// The same for a model already opened (the fuzzer's in-memory file).
+CheckpointTables checkpoint_tables(const GgufModel& m);
 
 // The config.json of a model from its metadata and tensors (exposed for tests).
 nlohmann::json config_from_gguf(const GgufModel& m);

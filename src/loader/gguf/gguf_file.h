@@ -198,6 +198,8 @@ class GgufFile {
 class GgufModel {
  public:
   static GgufModel open(const std::string& first_path);
+  // A model of one already opened file (its split.count, if any, must be 1).
+  static GgufModel from_file(std::shared_ptr<GgufFile> file);
 
   const std::vector<std::shared_ptr<GgufFile>>& parts() const { return parts_; }
   const Metadata& metadata() const { return parts_.front()->metadata(); }
@@ -211,6 +213,8 @@ class GgufModel {
  private:
   std::vector<std::shared_ptr<GgufFile>> parts_;
   std::map<std::string, const GgufTensor*> by_name_;
+  // Indexes every part's tensors by name (an error for a name in two parts).
+  void index(const std::string& first_path);
 };
 
 // The path of part `no` (1-based) of `count` given any part's path; throws if `path`

@@ -76,18 +76,29 @@ GgufModel GgufModel::open(const std::string& first_path) {
                 "{} of {} (split.no counts from 0)", first_path, part.path(), n, c, i, count);
     }
   }
-  size_t total = 0;
-  for (const auto& part : m.parts_) {
+  m.index(first_path);
+  if (const auto want = md.opt_u64("split.tensors.count"); want && count > 1)
+    MOE_CHECK(*want == m.by_name_.size(), "gguf model '{}': split.tensors.count is {}, but the {} parts hold {} "
+              "tensors", first_path, *want, count, m.by_name_.size());
+  return m;
+}
+
+void GgufModel::index(const std::string& first_path) {
+  for (const auto& part : parts_)
     for (const GgufTensor& t : part->tensors()) {
-      auto [it, fresh] = m.by_name_.emplace(t.name, &t);
+      auto [it, fresh] = by_name_.emplace(t.name, &t);
       MOE_CHECK(fresh, "gguf model '{}': tensor '{}' is in both '{}' and '{}'", first_path, t.name,
                 it->second->file->path(), part->path());
     }
-    total += part->tensors().size();
-  }
-  if (const auto want = md.opt_u64("split.tensors.count"); want && count > 1)
-    MOE_CHECK(*want == total, "gguf model '{}': split.tensors.count is {}, but the {} parts hold {} tensors",
-              first_path, *want, count, total);
+}
+
+GgufModel GgufModel::from_file(std::shared_ptr<GgufFile> file) {
+  GgufModel m;
+  const std::string path = file->path();
+  const uint32_t count = file->metadata().opt_u32("split.count").value_or(1);
+  MOE_CHECK(count == 1, "gguf model '{}': split.count is {}; open the model by its first part's path", path, count);
+  m.parts_.push_back(std::move(file));
+  m.index(path);
   return m;
 }
 

@@ -1,4 +1,4 @@
-// Mixtral: GQA without biases, rotate_half RoPE. MLP: every layer is MoE, softmax
+// Mixtral: GQA without biases, rotate_half RoPE (interleaved pairs for a GGUF's config). MLP: every layer is MoE, softmax
 // top-k always renormalised; experts under block_sparse_moe (Hub) or mlp (fused).
 #include <nlohmann/json.hpp>
 
@@ -10,7 +10,10 @@ namespace {
 
 void hparams(const nlohmann::json& cfg, ModelConfig& c) {
   c.attention = AttentionKind::Gqa;
-  c.rope.interleaved = false;
+  // rope_interleave (DeepSeek-V3's key; Mixtral's own checkpoints never set it): q and k
+  // rows in interleaved-pair order, as a Mixtral GGUF holds them (loader/gguf/
+  // gguf_checkpoint.h writes it into the config it makes).
+  c.rope.interleaved = config_flag(cfg, "rope_interleave", false);
   // A sliding window changes nothing while every sequence is shorter than it; the
   // runner refuses longer sequences (ModelConfig::sliding_window).
   if (auto it = cfg.find("sliding_window"); it != cfg.end() && it->is_number_integer() && it->get<int64_t>() > 0)
