@@ -26,8 +26,8 @@
 #   bf16 vs BF16, --quantize w8a8 vs Q8_0, --quantize w4a8 vs Q4_0 and Q4_K_M;
 #   and with mode "gguf" in MODES, moe-ep on the very GGUF file the peer runs, for each
 #   type in GGUF_TYPES (default "BF16 Q4_0"): rows "gguf:TYPE" (moe-ep keeps Q4_0 experts
-#   4-bit exactly and dequantises the other quantised tensors to bf16, or with LINEARS
-#   w8a8 requantises attention and lm_head to int8).
+#   and linears 4-bit exactly and dequantises the other quantised tensors to bf16, or with
+#   LINEARS w8a8 requantises the other attention linears and lm_head to int8).
 # A case whose GGUF is missing, or that this moe-ep build lacks (w4a8), prints "-".
 #
 # Each of R rounds runs every case of both engines once, one process at a time, in a
@@ -319,9 +319,10 @@ def gguf_bytes(path):
     return total + 2.0 * kv_elems  # KV f16
 
 def moe_gguf_bytes(path):
-    """Bytes per decode token of moe-ep running a GGUF: Q4_0 experts as int4 (0.5 byte +
-    an f32 scale and a u8 zero per 32), other experts and tensors dequantised to bf16, or
-    with LINEARS w8a8 the 2-D non-expert tensors int8 + an f32 scale per row; router f32."""
+    """Bytes per decode token of moe-ep running a GGUF: Q4_0 experts and linears as int4
+    (0.5 byte + an f32 scale and a u8 zero per 32), other experts and tensors dequantised
+    to bf16, or with LINEARS w8a8 the other 2-D non-expert tensors int8 + an f32 scale per
+    row; router f32."""
     q8 = linears_q8 and not path.endswith("-BF16.gguf")
     total = 0.0
     for name, dims, nb, ty in gguf_infos(path):
@@ -331,6 +332,7 @@ def moe_gguf_bytes(path):
         if k == "expert": total += (0.5 * n + 5.0 * n / 32 if ty == 2 else 2.0 * n) * topk / n_exp
         elif k == "embed": total += 2.0 * dims[0]
         elif "ffn_gate_inp" in name: total += 4.0 * n
+        elif ty == 2 and len(dims) == 2: total += 0.5 * n + 5.0 * n / 32  # Q4_0 linears stay int4
         elif q8 and len(dims) == 2: total += n + 4.0 * dims[1]
         else: total += 2.0 * n
     return total + (4.0 if os.environ.get("KV", "bf16") == "f32" else 2.0) * kv_elems

@@ -22,8 +22,8 @@ Into tests/fixtures/gguf/models/:
   qwen3moe-quant.gguf   a random Qwen3-MoE-shaped model whose tensors use every supported
                         quantised type (gguf.quants.quantize where gguf-py can quantise;
                         random valid blocks for the K-quants, which it cannot): token_embd
-                        and attn_output Q8_0, attn_q Q4_K, attn_k Q5_K, attn_v and output
-                        Q6_K, the routed experts Q4_0, the dense layer Q4_1 / Q5_0 / Q5_1
+                        Q8_0, attn_q Q4_K, attn_k Q5_K, attn_v and output Q6_K, attn_output
+                        and the routed experts Q4_0, the dense layer Q4_1 / Q5_0 / Q5_1
   qwen3moe-quant-ref/   the same model as a Hugging Face directory: config.json and f32
                         weights that are gguf.quants.dequantize's values of each tensor
                         (the reference the engine's reading of the GGUF must equal)
@@ -280,7 +280,7 @@ def quantised():
     qput("token_embd.weight", "model.embed_tokens.weight", T.Q8_0, (V, H))
     fput("output_norm.weight", "model.norm.weight", (H,))
     qput("output.weight", "lm_head.weight", T.Q6_K, (V, H))
-    types = {"attn_q": T.Q4_K, "attn_k": T.Q5_K, "attn_v": T.Q6_K, "attn_output": T.Q8_0}
+    types = {"attn_q": T.Q4_K, "attn_k": T.Q5_K, "attn_v": T.Q6_K, "attn_output": T.Q4_0}
     shapes = {"attn_q": (q_dim, H), "attn_k": (kv_dim, H), "attn_v": (kv_dim, H), "attn_output": (H, q_dim)}
     for l in range(L):
         p, g = f"model.layers.{l}.", f"blk.{l}."

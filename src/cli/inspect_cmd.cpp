@@ -219,7 +219,7 @@ std::vector<Verb> add_inspect_verbs(CLI::App& app) {
       "Inventory of a Hugging Face MoE checkpoint: family and hyperparameters, tensors by kind, the bytes each rank "
       "of an --ep/--tp layout reads, and every missing or unexpected tensor (exit 1 if any is missing)");
   c->add_option("--model", o->model_dir, "Model: a directory (config.json and *.safetensors) or a GGUF file "
-                  "(llama.cpp's format; qwen3moe or qwen2moe; the first part of a split model)")
+                  "(llama.cpp's format; qwen3moe, qwen2moe or Mixtral; the first part of a split model)")
       ->required()
       ->check(CLI::ExistingPath);
   c->add_option("--ep", o->ep, "Expert-parallel size to plan for (no mpirun needed)")

@@ -173,7 +173,7 @@ Verb add_layer_verb(CLI::App& app) {
       "Run the MLP block (MoE or dense) of one decoder layer of a Hugging Face model on the tensor "
       "'hidden_states' [T, H] of --input, and write 'hidden_states' [T, H] f32 to --output");
   lc->add_option("--model", opt->model_dir, "Model: a directory (config.json and *.safetensors) or a GGUF file "
-                  "(llama.cpp's format; qwen3moe or qwen2moe; the first part of a split model)")
+                  "(llama.cpp's format; qwen3moe, qwen2moe or Mixtral; the first part of a split model)")
       ->required()
       ->check(CLI::ExistingPath);
   lc->add_option("--layer", opt->layer, "Decoder layer index (0-based)")->required();

@@ -67,7 +67,7 @@ void resolve_auto_dtype(CommonOpts& o) {
 
 void add_common(CLI::App* cmd, CommonOpts& o) {
   cmd->add_option("--model", o.model_dir, "Model: a Hugging Face directory (config.json and *.safetensors) or a GGUF file "
-                  "(llama.cpp's format; qwen3moe or qwen2moe; the first part of a split model)")
+                  "(llama.cpp's format; qwen3moe, qwen2moe or Mixtral; the first part of a split model)")
       ->required()
       ->check(CLI::ExistingPath);
   cmd->add_option("--prompt-ids", o.prompt_ids,
@@ -82,7 +82,9 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
                   "bit; under --tp each rank quantises its slice of the intermediate dimension (W2 scales and GEMM2 "
                   "activation scales over that slice), so the logits are close to, not equal to, one rank's. "
                   "w4a8 = 4-bit weights with a scale and zero point per --int4-group input values of each output "
-                  "channel, and the same int8 activations (and dispatch rows) as w8a8")
+                  "channel, and the same int8 activations (and dispatch rows) as w8a8. none: the experts as the "
+                  "checkpoint stores them (a GGUF's Q4_0 experts stay 4-bit, W4A8 with groups of 32, exactly; its "
+                  "other quantised types are dequantised to --dtype)")
       ->check(CLI::IsMember({"none", "w8a8", "w4a8"}))
       ->capture_default_str();
   cmd->add_option("--int4-group", o.int4_group,

@@ -120,7 +120,10 @@ using Runner = void (*)(const gg::Job&, const gg::Task&);
 Runner pick_runner(const PackedExperts& w) {
   const DType wt = w.dtype;
   const Isa isa = active_isa();
-  if (w.int4_group > 0) return isa >= Isa::Avx2 ? gg::run_task_avx2_i4 : gg::run_task_portable_i4;
+  if (w.int4_group > 0) {
+    if (isa >= Isa::Avx512 && cpu_features().avx512_vnni) return gg::run_task_avx512_vnni_i4;
+    return isa >= Isa::Avx2 ? gg::run_task_avx2_i4 : gg::run_task_portable_i4;
+  }
   if (wt == DType::F8E4M3) return gg::run_task_f8;
   if (wt == DType::I8) {
     if (isa >= Isa::Avx512 && cpu_features().avx512_vnni) return gg::run_task_avx512_vnni_i8;

@@ -217,13 +217,14 @@ void run_task_f8_avx512bf16(const Job& j, const Task& t, char* buf);
 void dequant_pairs_f8_avx2(const Job& j, int64_t e, int64_t P, int64_t p0, int64_t p1, uint16_t* dst);
 void run_task_f8_avx2(const Job& j, const Task& t, char* buf);
 
-// W4A8 (grouped_gemm_int4.cpp; AVX2 runner in grouped_gemm_int4_avx2.cpp, which AVX-512
-// machines run too).
+// W4A8 (grouped_gemm_int4.cpp; runners in grouped_gemm_int4_avx2.cpp and, on AVX512-VNNI
+// machines, grouped_gemm_int4_avx512.cpp).
 void fill_job_i4(const PackedExperts& p, Job& j);
 void pack_expert_i4(PackedExperts& p, int64_t e, const Tensor& w);
 Tensor unpack_expert_i4(const PackedExperts& p, int64_t e);
 void reference_i4(const GroupedGemmParams& p);
 void run_task_portable_i4(const Job& j, const Task& t);
 void run_task_avx2_i4(const Job& j, const Task& t);
+void run_task_avx512_vnni_i4(const Job& j, const Task& t);  // vpdpbusd, grouped_gemm_int4_avx512.cpp
 
 }  // namespace moe::gg

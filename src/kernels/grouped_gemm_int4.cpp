@@ -97,11 +97,15 @@ void pack_q4_rows(PackedExperts& p, int64_t e, const uint8_t* u, const uint8_t* 
     for (int j = 0; j < kPanel; ++j) {
       const int64_t row = panel_col_to_row(p, P, j);
       if (row < 0) continue;
-      for (int64_t k = 0; k < K; ++k) {
-        uint8_t& b = dst[i4_byte(k, j)];
-        const int sh = i4_shift(k);
-        b = static_cast<uint8_t>((b & ~(0x0f << sh)) | ((u[row * K + k] & 0x0f) << sh));
-      }
+      // Whole bytes: byte i of octet o holds k = 8o + i (low nibble) and 8o + 4 + i (high),
+      // both of this column, so nothing else shares it (k >= K: nibble 0, the padding).
+      const uint8_t* ur = u + row * K;
+      for (int64_t o = 0, n_oct = i4_octets(K); o < n_oct; ++o)
+        for (int i = 0; i < 4; ++i) {
+          const int64_t k0 = 8 * o + i, k1 = k0 + 4;
+          const int lo = k0 < K ? ur[k0] & 0x0f : 0, hi = k1 < K ? ur[k1] & 0x0f : 0;
+          dst[i4_byte(k0, j)] = static_cast<uint8_t>(lo | hi << 4);
+        }
       for (int64_t G = 0; G < ng; ++G) {
         ws[(P * ng + G) * kPanel + j] = scale[row * ng + G];
         wz[(P * ng + G) * kPanel + j] = zero[row * ng + G];
@@ -258,17 +262,21 @@ void pack_expert_q4(PackedExperts& p, int64_t e, const Tensor& u, const Tensor& 
   MOE_CHECK(scale.ndim() == 2 && scale.dim(0) == p.n && scale.dim(1) == ng,
             "pack_expert_q4: expected scales [{}, {}] (one per {} k), got {}", p.n, ng, p.int4_group,
             scale.describe());
-  const Tensor uc = u.clone(), zc = zero.clone(), sc = scale.to(DType::F32);
-  for (int64_t i = 0; i < uc.numel(); ++i)
-    MOE_CHECK(uc.data<uint8_t>()[i] < 16, "pack_expert_q4: code {} of expert {} is {} (must be in [0, 15])", i, e,
-              int(uc.data<uint8_t>()[i]));
-  for (int64_t i = 0; i < zc.numel(); ++i)
-    MOE_CHECK(zc.data<uint8_t>()[i] < 16, "pack_expert_q4: zero point {} of expert {} is {} (must be in [0, 15])", i,
-              e, int(zc.data<uint8_t>()[i]));
-  for (int64_t i = 0; i < sc.numel(); ++i)
-    MOE_CHECK(std::isfinite(sc.data<float>()[i]) && sc.data<float>()[i] >= 0.0f,
-              "pack_expert_q4: scale {} of expert {} is {} (must be finite and >= 0)", i, e, sc.data<float>()[i]);
-  gg::pack_q4_rows(p, e, uc.data<uint8_t>(), zc.data<uint8_t>(), sc.data<float>());
+  // Contiguous copies only where needed (a view of a checkpoint may be strided; the
+  // GGUF loader's slices are not); the checks are one pass with the counts hoisted.
+  auto dense = [](const Tensor& t) { return t.is_contiguous() ? t : t.clone(); };
+  const Tensor uc = dense(u), zc = dense(zero), sc = scale.dtype() == DType::F32 ? dense(scale) : scale.to(DType::F32);
+  const uint8_t* up = uc.data<uint8_t>();
+  const uint8_t* zp = zc.data<uint8_t>();
+  const float* sp = sc.data<float>();
+  for (int64_t i = 0, n = uc.numel(); i < n; ++i)
+    MOE_CHECK(up[i] < 16, "pack_expert_q4: code {} of expert {} is {} (must be in [0, 15])", i, e, int(up[i]));
+  for (int64_t i = 0, n = zc.numel(); i < n; ++i)
+    MOE_CHECK(zp[i] < 16, "pack_expert_q4: zero point {} of expert {} is {} (must be in [0, 15])", i, e, int(zp[i]));
+  for (int64_t i = 0, n = sc.numel(); i < n; ++i)
+    MOE_CHECK(std::isfinite(sp[i]) && sp[i] >= 0.0f, "pack_expert_q4: scale {} of expert {} is {} (must be finite and "
+              ">= 0)", i, e, sp[i]);
+  gg::pack_q4_rows(p, e, up, zp, sp);
 }
 
 void unpack_expert_q4(const PackedExperts& p, int64_t e, Tensor& u, Tensor& zero, Tensor& scale) {

@@ -1,6 +1,5 @@
-// W4A8 task runner, AVX2 (vpmaddubsw + vpmaddwd). AVX-512 machines run this one too:
-// an AVX-512 (VNNI) int4 kernel could not be tested on the AVX2-only machine it was
-// written on, so there is none. Layout: grouped_gemm_int4_impl.h; contract:
+// W4A8 task runner, AVX2 (vpmaddubsw + vpmaddwd); AVX512-VNNI machines run
+// grouped_gemm_int4_avx512.cpp instead. Layout: grouped_gemm_int4_impl.h; contract:
 // grouped_gemm_int4.h.
 //
 // Per 32-byte load (8 columns x 8 k): `and 0x0f` and `srli 4; and 0x0f` give the two k

@@ -157,7 +157,7 @@ std::vector<TensorRead> AttentionReads::all() const {
 // ---- GQA ---------------------------------------------------------------------------
 
 GqaAttention::GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& k, DType dt, int r,
-                           int tp) {
+                           int tp, bool q4) {
   const AttentionReads rd = attention_reads(cfg, k, r, tp);
   n_heads_ = cfg.n_heads / tp;
   n_kv_ = cfg.n_kv_heads / tp;
@@ -184,10 +184,10 @@ GqaAttention::GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const A
     cache_v_ = aq.cache_v;
     qs_scales_ = aq.has_qs;
   } else {
-    q_ = load_linear(ck, *rd.q, dt);
-    k_ = load_linear(ck, *rd.k, dt);
-    v_ = load_linear(ck, *rd.v, dt);
-    o_ = load_linear(ck, rd.o, dt);
+    q_ = load_linear(ck, *rd.q, dt, q4);
+    k_ = load_linear(ck, *rd.k, dt, q4);
+    v_ = load_linear(ck, *rd.v, dt, q4);
+    o_ = load_linear(ck, rd.o, dt, q4);
   }
   if (rd.q_norm) {
     q_norm_ = load_f32(ck, *rd.q_norm);

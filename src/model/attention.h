@@ -80,8 +80,9 @@ struct AttnContext {
 
 class GqaAttention {
  public:
+  // gguf_q4_0_as_int4: GGUF Q4_0 projections stay 4-bit (load_linear).
   GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& keys, DType compute, int tp_rank,
-               int tp_size);
+               int tp_size, bool gguf_q4_0_as_int4 = false);
   // x [T, H] f32 (normed) -> out [T, H] f32, this rank's partial o_proj output.
   void forward(const AttnContext& ctx, const float* x, float* out, AttnScratch& s) const;
   int64_t cache_dim() const { return n_kv_ * head_dim_; }  // both planes

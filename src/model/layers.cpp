@@ -4,8 +4,10 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "kernels/grouped_gemm_int4.h"
 #include "kernels/quant.h"
 #include "loader/fp8_weights.h"
+#include "loader/gguf/gguf_experts.h"
 
 namespace moe {
 
@@ -42,10 +44,17 @@ Linear make_linear(const Tensor& w, DType compute, const Tensor& bias) {
   return l;
 }
 
-Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute) {
+Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute, bool gguf_q4_0_as_int4) {
   const Tensor bias = r.bias ? load_f32(ck, *r.bias) : Tensor();
   Linear l;
-  if (compute == DType::BF16 && is_fp8_weight(ck, r.weight.key)) {
+  if (gguf_q4_0_as_int4 && gguf::is_q4_0(ck, r.weight)) {
+    const ShardPlan p = plan_shard(r.weight);
+    MOE_CHECK(p.out_shape.size() == 2, "tensor '{}': a linear layer's weight must be a matrix, got {}", r.weight.key,
+              shape_str(p.out_shape));
+    l.w = make_packed_experts_int4(1, p.out_shape[0], p.out_shape[1], /*gated=*/false, 32);
+    gguf::pack_q4_0_matrix(ck, l.w, 0, r.weight);
+    l.bias = bias;
+  } else if (compute == DType::BF16 && is_fp8_weight(ck, r.weight.key)) {
     // Block-scaled FP8 stays e4m3 in memory; the GEMM dequantises it panel by panel.
     const Fp8Slice s = load_fp8_slice(ck, r.weight);
     MOE_CHECK(s.codes.ndim() == 2, "fp8 weight '{}': a linear layer's weight must be a matrix, got {}", r.weight.key,

@@ -71,7 +71,10 @@ struct Linear {
 };
 
 // bf16 compute keeps an FP8 block-scaled weight as e4m3; f32 compute dequantises it.
-Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute);
+// gguf_q4_0_as_int4: a GGUF Q4_0 weight becomes a W4A8 int4 linear with groups of 32,
+// exactly (loader/gguf/gguf_experts.h; int8 inputs per token, as W8A8's), whatever
+// `compute`; otherwise it is dequantised like any float weight.
+Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute, bool gguf_q4_0_as_int4 = false);
 // Packs an [out, in] matrix of f32, bf16 or f16 (any row stride: e.g. a view of the
 // checkpoint; tests, tied lm_head).
 Linear make_linear(const Tensor& w, DType compute, const Tensor& bias = {});

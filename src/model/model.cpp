@@ -181,7 +181,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   m->final_norm_ = load_f32(ck, final_norm_read(c));
   const DType linear_dt = opt.quantize_linears ? DType::I8 : opt.dtype;
   if (const auto lm = lm_head_read(c))
-    m->lm_head_ = load_linear(ck, *lm, linear_dt);
+    m->lm_head_ = load_linear(ck, *lm, linear_dt, opt.gguf_q4_0_as_int4);
   else  // tie_word_embeddings
     m->lm_head_ = make_linear(m->embed_, linear_dt);  // packed from the view: no f32 copy of [V, H]
   m->rope_ = Rope(c.rope);
@@ -198,7 +198,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     if (c.attention == AttentionKind::Mla)
       L.mla = std::make_unique<MlaAttention>(ck, c, ak, linear_dt, tp_rank, tp);
     else
-      L.gqa = std::make_unique<GqaAttention>(ck, c, ak, linear_dt, tp_rank, tp);
+      L.gqa = std::make_unique<GqaAttention>(ck, c, ak, linear_dt, tp_rank, tp, opt.gguf_q4_0_as_int4);
     progress.advance(lb.layer[l]);
     if (!c.moe.is_moe_layer(l)) {
       L.dense = load_dense_mlp(ck, c.moe, l, opt.dtype);

@@ -93,4 +93,9 @@ void pack_q4_0_expert(const Checkpoint& ck, PackedExperts& w13, PackedExperts& w
   pack_expert_q4(w2, e, d.u, d.zero, d.scale);
 }
 
+void pack_q4_0_matrix(const Checkpoint& ck, PackedExperts& w, int64_t e, const TensorRead& r) {
+  const Q4Slice s = read_slice(ck, r);
+  pack_expert_q4(w, e, s.u, s.zero, s.scale);
+}
+
 }  // namespace moe::gguf

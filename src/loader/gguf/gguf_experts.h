@@ -1,5 +1,5 @@
-// Routed experts stored as GGUF Q4_0 (the experts of llama.cpp's Q4_0 files) loaded into
-// the W4A8 int4 format of kernels/grouped_gemm_int4.h without losing a bit.
+// Weights stored as GGUF Q4_0 (the experts and most linears of llama.cpp's Q4_0 files)
+// loaded into the W4A8 int4 format of kernels/grouped_gemm_int4.h without losing a bit.
 //
 // A Q4_0 block is 32 weights w = (q - 8) * d with q in [0, 15] and one f16 d. The int4
 // format holds w = (u - z) * s per group of 32 with u, z in [0, 15] and s >= 0, so:
@@ -28,5 +28,10 @@ bool is_q4_0(const Checkpoint& ck, const TensorRead& r);
 // tensor: a non-finite d, or a slice that cuts a block.
 void pack_q4_0_expert(const Checkpoint& ck, PackedExperts& w13, PackedExperts& w2, int64_t e, const TensorRead& gate,
                       const TensorRead& up, const TensorRead& down);
+
+// Packs slot e of a non-gated int4 PackedExperts (groups of 32, zero points) from the
+// GGUF Q4_0 read r: a linear layer's weight (attention projections, lm_head) held as
+// stored. The same slicing rules and errors as above.
+void pack_q4_0_matrix(const Checkpoint& ck, PackedExperts& w, int64_t e, const TensorRead& r);
 
 }  // namespace moe::gguf

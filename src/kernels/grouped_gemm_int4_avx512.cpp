@@ -1,0 +1,175 @@
+// W4A8 task runner on AVX512-VNNI (vpdpbusd). Layout: grouped_gemm_int4_impl.h;
+// contract: grouped_gemm_int4.h.
+//
+// vpdpbusd multiplies the UNSIGNED bytes of its first source by the SIGNED bytes of its
+// second and adds each group of 4 products into an int32 lane. The int4 codes u are
+// unsigned (0..15) and the activations signed int8, which is exactly that order: no
+// compensation term (the int8 kernel needs one because both of its operands are signed).
+// One 64-byte load of a panel octet is 16 columns x 8 k: `and 0x0f` gives the k quad
+// 8o..8o+3 of each column and `srli 4; and 0x0f` the quad 8o+4..8o+7, each the [column][4 k]
+// order vpdpbusd reduces; the row's 4 activation bytes of that quad are broadcast.
+// Per group of at most 128 k: |sum u * a| <= 128 * 15 * 128 = 245760 and |z * sum(a)| the
+// same, so the int32 difference is exact and below 2^24, hence exact as a float too. The
+// float steps are the portable runner's (acc + (float)isum * scale: a multiply, then an
+// add, no FMA; the project builds with -ffp-contract=off), so every ISA gives the same bits.
+//
+// Blocking: up to kMR = 6 rows x 64 columns = 24 zmm int32 accumulators, named locals (with
+// an array GCC 12 keeps them in memory: see grouped_gemm_int8_avx512.cpp). A k step does
+// the low quads of the 4 column blocks, then the high quads, reloading the 256 bytes of
+// the octet from L1 for the second half, so the accumulators, 4 decoded blocks, the nibble
+// mask and one broadcast fit the 32 zmm registers. At a group's end the int32 sums become
+// f32 (acc[row][64] in L1) and are reset. Decode (one row block) prefetches the weight
+// stream 4 KiB ahead into L2 (T1), as the AVX2 and int8 kernels do.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/grouped_gemm_int4_impl.h"
+
+namespace moe::gg {
+namespace {
+
+constexpr int kMR = 6;
+constexpr int kPrefetchBytes = 4096;
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// One k quad (low or high nibbles, `SHIFT`) of the octet at bp into every row's accumulators.
+#define MOE_I4_DECODE(SHIFT)                                                                                     \
+  const __m512i w0 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(bp), SHIFT), m4);                      \
+  const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(bp + 64), SHIFT), m4);                 \
+  const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(bp + 128), SHIFT), m4);                \
+  const __m512i w3 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(bp + 192), SHIFT), m4);
+#define MOE_I4_ROW(R, QUAD)                                                                                      \
+  if constexpr (MR > R) {                                                                                        \
+    const __m512i av = _mm512_set1_epi32(load_i32(a[R] + 8 * o + (QUAD)));                                      \
+    c##R##0 = _mm512_dpbusd_epi32(c##R##0, w0, av);                                                              \
+    c##R##1 = _mm512_dpbusd_epi32(c##R##1, w1, av);                                                              \
+    c##R##2 = _mm512_dpbusd_epi32(c##R##2, w2, av);                                                              \
+    c##R##3 = _mm512_dpbusd_epi32(c##R##3, w3, av);                                                              \
+  }
+// acc[R] (f32, 64 columns) += (float)(c - z * sum(a over the group)) * scale, then c = 0.
+// z * sum(a) by vpmaddwd (one uop; vpmulld is two): z in the low int16 of each lane, the
+// sum in the low int16 of the broadcast, zeros above, so each lane is z * sum + 0 * 0.
+// The sum fits int16: |sum(a)| <= 128 * 127 = 16256 over a group of at most 128.
+#define MOE_I4_FLUSH_Q(R, Q)                                                                                     \
+  {                                                                                                              \
+    const __m512i isum = _mm512_sub_epi32(c##R##Q, _mm512_madd_epi16(z##Q, _mm512_set1_epi32(sa[R * ng + G] & 0xffff))); \
+    float* dst = acc[R] + 16 * (Q);                                                                              \
+    _mm512_store_ps(dst, _mm512_add_ps(_mm512_load_ps(dst), _mm512_mul_ps(_mm512_cvtepi32_ps(isum), s##Q)));     \
+    c##R##Q = _mm512_setzero_si512();                                                                            \
+  }
+#define MOE_I4_FLUSH(R)                                                                                          \
+  if constexpr (MR > R) {                                                                                        \
+    MOE_I4_FLUSH_Q(R, 0) MOE_I4_FLUSH_Q(R, 1) MOE_I4_FLUSH_Q(R, 2) MOE_I4_FLUSH_Q(R, 3)                          \
+  }
+
+// acc[r][0..64) = the panel's dequantised sums for rows a[0..MR) (acc zeroed by the caller).
+template <int MR, bool kPrefetch>
+void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const int8_t* const* a,
+                 const int32_t* sa, float (*acc)[kPanel]) {
+  const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group_oct;
+  const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+  __m512i c00 = zero, c01 = zero, c02 = zero, c03 = zero, c10 = zero, c11 = zero, c12 = zero, c13 = zero;
+  __m512i c20 = zero, c21 = zero, c22 = zero, c23 = zero, c30 = zero, c31 = zero, c32 = zero, c33 = zero;
+  __m512i c40 = zero, c41 = zero, c42 = zero, c43 = zero, c50 = zero, c51 = zero, c52 = zero, c53 = zero;
+  for (int64_t G = 0; G < ng; ++G) {
+    const int64_t o1 = std::min(n_oct, (G + 1) * go);
+    for (int64_t o = G * go; o < o1; ++o) {
+      const uint8_t* bp = panel + o * kI4OctetBytes;
+      if constexpr (kPrefetch) {
+        const char* pf = reinterpret_cast<const char*>(bp) + kPrefetchBytes;
+        _mm_prefetch(pf, _MM_HINT_T1);
+        _mm_prefetch(pf + 64, _MM_HINT_T1);
+        _mm_prefetch(pf + 128, _MM_HINT_T1);
+        _mm_prefetch(pf + 192, _MM_HINT_T1);
+      }
+      {
+        MOE_I4_DECODE(0)
+        MOE_I4_ROW(0, 0) MOE_I4_ROW(1, 0) MOE_I4_ROW(2, 0) MOE_I4_ROW(3, 0) MOE_I4_ROW(4, 0) MOE_I4_ROW(5, 0)
+      }
+      {
+        MOE_I4_DECODE(4)
+        MOE_I4_ROW(0, 4) MOE_I4_ROW(1, 4) MOE_I4_ROW(2, 4) MOE_I4_ROW(3, 4) MOE_I4_ROW(4, 4) MOE_I4_ROW(5, 4)
+      }
+    }
+    const uint8_t* zg = wz + G * kPanel;
+    const float* sg = ws + G * kPanel;
+    const __m512i z0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg)));
+    const __m512i z1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg + 16)));
+    const __m512i z2 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg + 32)));
+    const __m512i z3 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg + 48)));
+    const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16), s2 = _mm512_loadu_ps(sg + 32),
+                 s3 = _mm512_loadu_ps(sg + 48);
+    MOE_I4_FLUSH(0) MOE_I4_FLUSH(1) MOE_I4_FLUSH(2) MOE_I4_FLUSH(3) MOE_I4_FLUSH(4) MOE_I4_FLUSH(5)
+  }
+}
+#undef MOE_I4_DECODE
+#undef MOE_I4_ROW
+#undef MOE_I4_FLUSH_Q
+#undef MOE_I4_FLUSH
+
+template <int MR, bool kPrefetch>
+void rows_block(const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
+  const int64_t per = j.gated ? kGateCols : kPanel, ng = j.i4_n_groups;
+  for (int64_t P = t.p0; P < t.p1; ++P) {
+    const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
+    const float* ws = j.w_scale + t.expert * j.q_stride + P * ng * kPanel;
+    const uint8_t* wz = j.i4_zero + t.expert * j.q_stride + P * ng * kPanel;
+    alignas(64) float acc[MR][kPanel] = {};
+    panel_block<MR, kPrefetch>(j, panel, ws, wz, a, sa, acc);
+    for (int r = 0; r < MR; ++r) {
+      float as;
+      std::memcpy(&as, reinterpret_cast<const char*>(a[r]) + j.a_scale_off, 4);
+      i4_epilogue_row(j, acc[r], as, j.c + (row0 + r) * j.ldc_bytes, P * per, valid_cols(j, P));
+    }
+  }
+}
+
+template <bool kPrefetch>
+void run_rows(int mr, const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
+  switch (mr) {
+    case 1: return rows_block<1, kPrefetch>(j, t, row0, a, sa);
+    case 2: return rows_block<2, kPrefetch>(j, t, row0, a, sa);
+    case 3: return rows_block<3, kPrefetch>(j, t, row0, a, sa);
+    case 4: return rows_block<4, kPrefetch>(j, t, row0, a, sa);
+    case 5: return rows_block<5, kPrefetch>(j, t, row0, a, sa);
+    default: return rows_block<6, kPrefetch>(j, t, row0, a, sa);
+  }
+}
+
+}  // namespace
+
+void run_task_avx512_vnni_i4(const Job& j, const Task& t) {
+  const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0, ng = j.i4_n_groups;
+  // Group sums of a row block (kMR rows x groups; 6 x 7168 / 32 ints at most ~ 5 KiB).
+  thread_local std::vector<int32_t> sa;
+  sa.resize(static_cast<size_t>(kMR * ng));
+  const bool decode = rows <= kDecodeMaxRows;
+  // Row blocks as even as possible (7 rows: 4 + 3, not 6 + 1), as the int8 kernel.
+  const int64_t nb = (rows + kMR - 1) / kMR;
+  int64_t rb = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int mr = static_cast<int>(rows / nb + (b < rows % nb ? 1 : 0));
+    const int8_t* a[kMR];
+    for (int r = 0; r < mr; ++r) {
+      a[r] = reinterpret_cast<const int8_t*>(j.a + (r0 + rb + r) * j.lda_bytes);
+      i4_group_sums(a[r], j.k, j.i4_group_oct * 8, ng, sa.data() + r * ng);
+    }
+    if (decode) {
+      run_rows<true>(mr, j, t, r0 + rb, a, sa.data());
+    } else {
+      run_rows<false>(mr, j, t, r0 + rb, a, sa.data());
+    }
+    rb += mr;
+  }
+}
+
+}  // namespace moe::gg
