@@ -101,6 +101,7 @@ int run_serve(ServeOpts& o) {
   o.http.defaults = model_defaults(o.common.model_dir);
   serve::HttpServer http(engine, o.http);
   http.start();
+  fmt::print(stderr, "moe-ep serve: {}\n", http.parsers_summary());
   // A collective that fails (a rank died or hangs) aborts the job from inside the
   // engine's step: answer every open request first, and give the HTTP threads a
   // moment to send it.
@@ -159,7 +160,7 @@ Verb add_serve_verb(CLI::App& app) {
       "(rank 0 serves HTTP and schedules; every rank runs each step)");
   CommonOpts& c = o->common;
   s->add_option("--model", c.model_dir, "Model: a directory (config.json, *.safetensors and the tokenizer files) or a GGUF "
-                  "file (qwen3moe or qwen2moe; its tokenizer and chat template from its metadata)")
+                  "file (qwen3moe, qwen2moe or Mixtral; its tokenizer and chat template from its metadata)")
       ->required()
       ->check(CLI::ExistingPath);
   add_dtype_option(s, c.dtype);
@@ -206,6 +207,23 @@ Verb add_serve_verb(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--http-threads", o->http.max_threads, "Connections served at once (more wait for a thread)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  s->add_option("--reasoning-parser", o->http.reasoning_parser,
+                "Split chat replies into message.reasoning_content (the model's <think>...</think>; streamed as "
+                "delta.reasoning_content) and content: deepseek_r1 (DeepSeek-R1, V3.1: a reply without <think> "
+                "reasons until </think>), qwen3 (Qwen3: reasoning only inside <think>; enable_thinking false in "
+                "chat_template_kwargs gives none), none (the reply is all content). auto: qwen3 or deepseek_r1 when "
+                "the chat template mentions <think> and the vocabulary has <think> and </think>, else none")
+      ->check(CLI::IsMember({"auto", "deepseek_r1", "qwen3", "none"}))
+      ->capture_default_str();
+  s->add_option("--tool-call-parser", o->http.tool_call_parser,
+                "Turn tool-call markup in chat replies into message.tool_calls (finish_reason \"tool_calls\") when "
+                "the request has tools: hermes (Qwen2.5/Qwen3 <tool_call>{json}</tool_call>), qwen3_coder "
+                "(<tool_call><function=...><parameter=...>), deepseek_v3 (V3, R1: <｜tool▁calls▁begin｜>...```json), "
+                "deepseek_v31 (V3.1), mistral ([TOOL_CALLS]), none (markup stays text). auto: from the markup the "
+                "chat template writes. Markup that does not parse stays content; tool_choice \"required\" or a "
+                "named function is passed on but not enforced (no constrained decoding yet)")
+      ->check(CLI::IsMember({"auto", "hermes", "qwen3_coder", "deepseek_v3", "deepseek_v31", "mistral", "none"}))
       ->capture_default_str();
   add_chat_flags(s, o->chat);
   return {s, [o] {

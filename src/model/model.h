@@ -50,8 +50,9 @@ struct ModelOptions {
   bool quantize_w4a8 = false;
   int64_t int4_group = 32;
   // GGUF Q4_0 weights stay 4-bit, exactly: the routed experts (MlpLoadOptions::
-  // gguf_q4_0_as_int4), the attention projections and lm_head (load_linear). false:
-  // dequantised to `dtype` (f32 holds them exactly).
+  // gguf_q4_0_as_int4) and, unless quantize_linears asks for int8, the attention
+  // projections and lm_head (load_linear). false: dequantised to `dtype` (f32 holds them
+  // exactly).
   bool gguf_q4_0_as_int4 = true;
   // --quantize-linears w8a8: the attention projections and lm_head become W8A8 int8
   // (model/layers.h Linear: per-output-channel weight scales at load, per-token dynamic

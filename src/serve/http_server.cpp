@@ -162,6 +162,7 @@ struct HttpServer::Impl {
   std::atomic<bool> started{false}, draining{false}, cancel_all{false}, stopped{false};
   std::mutex stop_mu;
   FlightCount flights{metrics.in_flight};
+  parsers::ParserChoice parsers;  // set by start(), read-only after
 
   Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)) {}
 
@@ -359,6 +360,7 @@ void HttpServer::Impl::generate(Api api, const httplib::Request& req, httplib::R
   ctx.tokenizer = &engine.tokenizer();
   ctx.chat_template = engine.chat_template();
   ctx.defaults = opt.defaults;
+  ctx.parsers = parsers;
   ApiRequest r = parse_request(api, body, ctx);  // ServeError: 400 / 404, user input
 
   auto fl = flights.enter();
@@ -489,6 +491,8 @@ void HttpServer::start() {
   Impl& m = *impl_;
   MOE_CHECK(!m.started.exchange(true), "HttpServer::start: already started");
   MOE_CHECK(m.opt.port >= 0 && m.opt.port <= 65535, "--port must be in [0, 65535], got {}", m.opt.port);
+  m.parsers = parsers::choose_parsers(m.opt.reasoning_parser, m.opt.tool_call_parser, m.engine.chat_template(),
+                                      m.engine.tokenizer());
   m.install();
   m.created = int64_t(std::time(nullptr));
   if (m.opt.port == 0) {
@@ -536,6 +540,8 @@ void HttpServer::stop() {
 bool HttpServer::running() const { return impl_->started && !impl_->stopped; }
 
 int HttpServer::port() const { return impl_->port; }
+
+std::string HttpServer::parsers_summary() const { return impl_->parsers.summary; }
 
 std::string HttpServer::metrics_text() const { return impl_->metrics_text(); }
 

@@ -48,6 +48,10 @@ struct ServerOptions {
   std::chrono::seconds keep_alive_timeout{5};      // idle keep-alive connections close after this
   std::chrono::milliseconds drain_timeout{30000};  // stop(): in-flight requests may finish this long
   SamplingDefaults defaults;       // sampling fields a request leaves out
+  // Chat replies' parsers (serve/parsers/detect.h): auto picks them from the engine's
+  // chat template and tokenizer at start().
+  std::string reasoning_parser = "auto";  // auto, deepseek_r1, qwen3, none
+  std::string tool_call_parser = "auto";  // auto, hermes, qwen3_coder, deepseek_v3, deepseek_v31, mistral, none
 };
 
 class HttpServer {
@@ -57,7 +61,8 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds (moe::Error naming host:port when it cannot) and serves on background threads.
+  // Chooses the reply parsers (moe::Error for an unknown parser name), binds (moe::Error
+  // naming host:port when it cannot) and serves on background threads.
   void start();
   // Graceful: new requests get 503 at once; in-flight ones may finish within
   // drain_timeout, then the rest are cancelled (a stream gets an error event) and every
@@ -65,6 +70,8 @@ class HttpServer {
   void stop();
   bool running() const;
   int port() const;  // the bound port (after start())
+  // The parsers start() chose, in words ("reasoning parser qwen3 (auto), ...").
+  std::string parsers_summary() const;
 
   // The Prometheus text /metrics answers.
   std::string metrics_text() const;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -225,7 +226,64 @@ std::vector<int32_t> completion_prompt(const json* prompt, const ModelContext& m
   return ids;
 }
 
-std::vector<int32_t> chat_prompt(const Fields& f, const ModelContext& m) {
+// The names of the request's tools (each {"type": "function", "function": {"name"}}).
+std::vector<std::string> tool_names(const json& tools) {
+  std::vector<std::string> names;
+  for (const json& t : tools) {
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object()) continue;
+    auto n = fn->find("name");
+    if (n != fn->end() && n->is_string()) names.push_back(n->get<std::string>());
+  }
+  return names;
+}
+
+// tool_choice: "auto" (the default), "none", "required" or {"type": "function",
+// "function": {"name": N}}. Sets what the reply's parser looks for; "none" also keeps
+// the tools from the template (vLLM passes them unless tool_choice is "none").
+void tool_choice(const Fields& f, const ModelContext& m, text::ChatRequest* chat, parsers::ParseOptions* parse) {
+  const bool has_tools = chat->tools.is_array() && !chat->tools.empty();
+  std::string choice = "auto", named;
+  if (const json* tc = f.get("tool_choice")) {
+    if (tc->is_string()) {
+      choice = tc->get<std::string>();
+      if (choice != "auto" && choice != "none" && choice != "required")
+        bad("tool_choice", fmt::format("tool_choice {} is not supported: \"auto\", \"none\", \"required\" or "
+                                       "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", tc->dump()));
+    } else if (tc->is_object()) {
+      Fields tf(*tc, "tool_choice.");
+      const json* fn = tf.get("function");
+      if (tf.string("type") != "function" || !fn || !fn->is_object() || !fn->contains("name") ||
+          !(*fn)["name"].is_string())
+        bad("tool_choice", "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      choice = "named";
+      named = (*fn)["name"].get<std::string>();
+    } else {
+      Fields::wrong_type("tool_choice", "a string or an object", *tc);
+    }
+  }
+  if (choice == "none") {
+    chat->tools = json();  // the model is not offered the tools at all
+    return;
+  }
+  if (choice == "required" || choice == "named") {
+    if (!has_tools) bad("tool_choice", fmt::format("tool_choice {} needs 'tools'", (*f.get("tool_choice")).dump()));
+    if (m.parsers.tools == parsers::ToolCallKind::none)
+      bad("tool_choice", fmt::format("tool_choice {} needs a tool-call parser: this server reads no tool calls "
+                                     "(start it with --tool-call-parser)", (*f.get("tool_choice")).dump()));
+    if (choice == "named") {
+      const auto names = tool_names(chat->tools);
+      if (std::find(names.begin(), names.end(), named) == names.end())
+        bad("tool_choice", fmt::format("tool_choice names the function '{}', which is not in 'tools'", named));
+    }
+  }
+  if (!has_tools) return;  // nothing to call: tool-call markup stays text
+  parse->tools = m.parsers.tools;
+  parse->tool_list = chat->tools;
+  parse->only_name = named;
+}
+
+std::vector<int32_t> chat_prompt(const Fields& f, const ModelContext& m, parsers::ParseOptions* parse) {
   text::ChatRequest chat;
   chat.messages = check_messages(f.get("messages"));
   if (const json* tools = f.get("tools")) {
@@ -234,12 +292,7 @@ std::vector<int32_t> chat_prompt(const Fields& f, const ModelContext& m) {
       if (!(*tools)[i].is_object()) Fields::wrong_type(fmt::format("tools[{}]", i), "a tool object", (*tools)[i]);
     chat.tools = *tools;
   }
-  if (const json* tc = f.get("tool_choice")) {
-    if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
-      bad("tool_choice", fmt::format("tool_choice {} is not supported: only \"auto\" and \"none\"", tc->dump()));
-    // "none": the model is not offered the tools at all.
-    if (*tc == "none") chat.tools = json();
-  }
+  tool_choice(f, m, &chat, parse);
   if (const json* docs = f.get("documents")) {  // RAG templates (Command-R, Granite) read them
     if (!docs->is_array()) Fields::wrong_type("documents", "a list of documents", *docs);
     chat.documents = *docs;
@@ -258,6 +311,10 @@ std::vector<int32_t> chat_prompt(const Fields& f, const ModelContext& m) {
   } catch (const std::exception& e) {
     bad("messages", fmt::format("the chat template could not render these messages: {}", e.what()));
   }
+  // Whether the template left the reply inside a think block (or closed it) decides
+  // where the reply's reasoning starts (parsers/reasoning.h).
+  parse->reasoning = m.parsers.reasoning;
+  parse->prompt = parsers::prompt_think(rendered);
   text::EncodeOptions opt;
   opt.add_special_tokens = false;  // the template wrote BOS (if the model has one)
   opt.parse_special = true;
@@ -374,7 +431,13 @@ ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m) 
 
   // The prompt.
   if (api == Api::chat) {
-    p.prompt_ids = chat_prompt(f, m);
+    p.prompt_ids = chat_prompt(f, m, &r.parse);
+    // Tags the parsers read must survive decoding: where they are special tokens, keep
+    // special tokens in the text (as vLLM's Hermes and Mistral parsers do), unless the
+    // request says otherwise.
+    const bool tags_special = (r.parse.reasoning != parsers::ReasoningKind::none && m.parsers.think_tags_special) ||
+                              (r.parse.tools != parsers::ToolCallKind::none && m.parsers.tool_markers_special);
+    if (tags_special && !f.get("skip_special_tokens")) p.skip_special_tokens = false;
   } else {
     p.prompt_ids = completion_prompt(f.get("prompt"), m, &r.echo_text);
     if (!r.echo) r.echo_text.clear();
@@ -405,158 +468,5 @@ ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m) 
 std::string new_response_id(Api api) {
   return fmt::format("{}{:016x}{:016x}", api == Api::chat ? "chatcmpl-" : "cmpl-", random_u64(), random_u64());
 }
-
-std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-std::string sse_event(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
-
-json error_json(const ServeError& e) {
-  return {{"error",
-           {{"message", e.message},
-            {"type", e.type},
-            {"param", e.param.empty() ? json() : json(e.param)},
-            {"code", e.code.empty() ? json() : json(e.code)}}}};
-}
-
-namespace {
-
-// JSON has no -inf; vLLM writes -9999.0 for a token the filter made impossible.
-double finite_logprob(float lp) { return std::isfinite(lp) ? double(lp) : -9999.0; }
-
-std::string token_text(const text::Tokenizer& tok, int32_t id) {
-  try {
-    return tok.decode({id});
-  } catch (const std::exception&) {
-    return "";  // an id out of range is an engine bug; the logprobs entry stays usable
-  }
-}
-
-json utf8_bytes(const std::string& s) {
-  json b = json::array();
-  for (unsigned char c : s) b.push_back(int(c));
-  return b;
-}
-
-// Characters (code points) in UTF-8 text: OpenAI's text_offset counts characters.
-int64_t char_count(const std::string& s) {
-  int64_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
-}
-
-// chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}
-json chat_logprobs(const std::vector<TokenLogprob>& toks, const text::Tokenizer& tok) {
-  json content = json::array();
-  for (const TokenLogprob& t : toks) {
-    const std::string s = token_text(tok, t.id);
-    json top = json::array();
-    for (const auto& [id, lp] : t.top) {
-      const std::string ts = token_text(tok, id);
-      top.push_back({{"token", ts}, {"logprob", finite_logprob(lp)}, {"bytes", utf8_bytes(ts)}});
-    }
-    content.push_back({{"token", s}, {"logprob", finite_logprob(t.logprob)}, {"bytes", utf8_bytes(s)}, {"top_logprobs", top}});
-  }
-  return {{"content", content}};
-}
-
-// completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; *offset is
-// the characters of the choice's text before these tokens and advances past them.
-json completion_logprobs(const std::vector<TokenLogprob>& toks, const text::Tokenizer& tok, int64_t* offset) {
-  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
-  for (const TokenLogprob& t : toks) {
-    const std::string s = token_text(tok, t.id);
-    tokens.push_back(s);
-    lps.push_back(finite_logprob(t.logprob));
-    json top = json::object();
-    for (const auto& [id, lp] : t.top) top[token_text(tok, id)] = finite_logprob(lp);
-    tops.push_back(std::move(top));
-    offsets.push_back(*offset);
-    *offset += char_count(s);
-  }
-  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
-}
-
-json usage_json(int64_t prompt, int64_t completion) {
-  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
-}
-
-}  // namespace
-
-json response_json(const ApiRequest& req, const ResponseMeta& meta, const Output& out, const text::Tokenizer& tok) {
-  json choice;
-  if (req.api == Api::chat) {
-    choice = {{"index", 0},
-              {"message", {{"role", "assistant"}, {"content", out.text}}},
-              {"logprobs", req.logprobs ? chat_logprobs(out.tokens, tok) : json()},
-              {"finish_reason", finish_reason(out.finish)}};
-  } else {
-    int64_t offset = char_count(req.echo_text);
-    choice = {{"index", 0},
-              {"text", req.echo_text + out.text},
-              {"logprobs", req.logprobs ? completion_logprobs(out.tokens, tok, &offset) : json()},
-              {"finish_reason", finish_reason(out.finish)}};
-  }
-  return {{"id", meta.id},
-          {"object", req.api == Api::chat ? "chat.completion" : "text_completion"},
-          {"created", meta.created},
-          {"model", meta.model},
-          {"choices", json::array({choice})},
-          {"usage", usage_json(req.prompt_tokens, out.completion_tokens)}};
-}
-
-ChunkWriter::ChunkWriter(const ApiRequest& req, ResponseMeta meta, const text::Tokenizer& tok)
-    : req_(req), meta_(std::move(meta)), tok_(tok) {}
-
-json ChunkWriter::chunk(json choice) const {
-  json c = {{"id", meta_.id},
-            {"object", req_.api == Api::chat ? "chat.completion.chunk" : "text_completion"},
-            {"created", meta_.created},
-            {"model", meta_.model},
-            {"choices", json::array({std::move(choice)})}};
-  // OpenAI: with include_usage every chunk has "usage": null but the last.
-  if (req_.include_usage) c["usage"] = nullptr;
-  return c;
-}
-
-std::string ChunkWriter::start() {
-  if (req_.api == Api::chat)
-    return sse_event(chunk({{"index", 0},
-                            {"delta", {{"role", "assistant"}, {"content", ""}}},
-                            {"logprobs", nullptr},
-                            {"finish_reason", nullptr}}));
-  if (req_.echo_text.empty()) return "";
-  text_offset_ = char_count(req_.echo_text);
-  return sse_event(chunk({{"index", 0}, {"text", req_.echo_text}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
-}
-
-std::string ChunkWriter::delta(const Delta& d) {
-  // Tokens whose text is still held back (a possible stop string) are sent with their
-  // logprobs and empty text; without logprobs there is nothing to send yet.
-  if (d.text.empty() && (d.tokens.empty() || !req_.logprobs)) return "";
-  if (req_.api == Api::chat)
-    return sse_event(chunk({{"index", 0},
-                            {"delta", {{"content", d.text}}},
-                            {"logprobs", req_.logprobs ? chat_logprobs(d.tokens, tok_) : json()},
-                            {"finish_reason", nullptr}}));
-  json lp = req_.logprobs ? completion_logprobs(d.tokens, tok_, &text_offset_) : json();
-  return sse_event(chunk({{"index", 0}, {"text", d.text}, {"logprobs", std::move(lp)}, {"finish_reason", nullptr}}));
-}
-
-std::string ChunkWriter::end(Finish f, int64_t completion_tokens) {
-  std::string out;
-  if (req_.api == Api::chat)
-    out = sse_event(chunk({{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", finish_reason(f)}}));
-  else
-    out = sse_event(chunk({{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish_reason(f)}}));
-  if (req_.include_usage) {
-    json u = chunk(json());
-    u["choices"] = json::array();
-    u["usage"] = usage_json(req_.prompt_tokens, completion_tokens);
-    out += sse_event(u);
-  }
-  return out + "data: [DONE]\n\n";
-}
-
-std::string ChunkWriter::error(const ServeError& e) { return sse_event(error_json(e)) + "data: [DONE]\n\n"; }
 
 }  // namespace moe::serve

@@ -14,15 +14,24 @@
 //
 // Deliberate limits, each answered with 400 naming the field: n > 1 and best_of > 1 (one
 // choice per request), batched prompts (a list of several strings or lists), non-text
-// content parts (images, audio), tool_choice other than "auto"/"none", logit_bias,
-// response_format other than text, suffix, echo together with logprobs (the engine does
-// not compute prompt logprobs). tools, documents and chat_template_kwargs go to the
-// template; tool_choice "none" leaves the tools out. Tool calls in the model's output
-// are not parsed: the text comes back as content (reasoning is not split off either).
-// Unknown fields are ignored, as OpenAI-compatible servers do.
+// content parts (images, audio), logit_bias, response_format other than text, suffix,
+// echo together with logprobs (the engine does not compute prompt logprobs). tools,
+// documents and chat_template_kwargs go to the template; tool_choice "none" leaves the
+// tools out. Unknown fields are ignored, as OpenAI-compatible servers do.
+//
+// Chat replies are taken apart by the server's parsers (serve/parsers/, chosen by
+// --reasoning-parser and --tool-call-parser): the thinking becomes
+// message.reasoning_content (delta.reasoning_content when streamed), tool-call markup
+// becomes message.tool_calls with finish_reason "tool_calls", the rest is content.
+// Tool calls are parsed when the request has tools and tool_choice is not "none".
+// tool_choice "required" and a named function ({"type": "function", "function":
+// {"name": N}}) are accepted but NOT enforced: nothing constrains the sampling yet (no
+// grammar engine), so a model that writes no (matching) call gets finish_reason "stop"
+// and its text as content; with a named function, calls to other functions stay text.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +39,8 @@
 #include <nlohmann/json.hpp>
 
 #include "serve/engine.h"
+#include "serve/parsers/detect.h"
+#include "serve/parsers/output_parser.h"
 
 namespace moe::serve {
 
@@ -55,6 +66,7 @@ struct ModelContext {
   const text::Tokenizer* tokenizer = nullptr;
   const text::ChatTemplate* chat_template = nullptr;  // nullptr: chat requests get 400
   SamplingDefaults defaults;
+  parsers::ParserChoice parsers;  // the server's reasoning and tool-call parsers (none by default)
 };
 
 // A checked request: what the engine runs, plus what the response needs.
@@ -67,6 +79,7 @@ struct ApiRequest {
   bool logprobs = false;       // the response carries logprobs (params.top_logprobs >= 0)
   std::string echo_text;       // completions with echo: the prompt, returned before the text
   bool echo = false;
+  parsers::ParseOptions parse;  // chat: how the reply is taken apart (inactive: all of it is content)
 };
 
 // Throws ServeError: 400 naming the field (`param`) and what was expected, 404 for a
@@ -95,16 +108,20 @@ struct Output {
   int64_t completion_tokens = 0;
 };
 
-// chat.completion / text_completion.
-Json response_json(const ApiRequest& req, const ResponseMeta& meta, const Output& out,
-                             const text::Tokenizer& tok);
+// chat.completion / text_completion. ids: where tool-call ids come from (default:
+// random; tests pass a fixed sequence).
+Json response_json(const ApiRequest& req, const ResponseMeta& meta, const Output& out, const text::Tokenizer& tok,
+                   parsers::IdSource ids = {});
 
 // The SSE events of one streamed response, in order: start(), delta() per piece of
 // output, then end() (or error() when the engine failed). Each returns whole
-// "data: ...\n\n" events (possibly none: an empty string).
+// "data: ...\n\n" events (possibly none: an empty string). With parsers active, a
+// piece becomes chunks of delta.reasoning_content, delta.content and, per tool call,
+// one chunk with its index, id, type, name and empty arguments, then one appending
+// the arguments (the shape OpenAI streams and its client reassembles).
 class ChunkWriter {
  public:
-  ChunkWriter(const ApiRequest& req, ResponseMeta meta, const text::Tokenizer& tok);
+  ChunkWriter(const ApiRequest& req, ResponseMeta meta, const text::Tokenizer& tok, parsers::IdSource ids = {});
   std::string start();  // chat: the delta {"role":"assistant"} chunk; completions: the echo, if any
   std::string delta(const Delta& d);
   std::string end(Finish f, int64_t completion_tokens);  // finish_reason chunk, usage chunk, [DONE]
@@ -112,10 +129,14 @@ class ChunkWriter {
 
  private:
   Json chunk(Json choice) const;
+  // Chunks for parsed events; the first carries `logprobs` (null when not asked for).
+  std::string event_chunks(const parsers::Events& events, Json logprobs);
   const ApiRequest& req_;
   ResponseMeta meta_;
   const text::Tokenizer& tok_;
   int64_t text_offset_ = 0;  // completions logprobs: characters of text sent so far
+  std::unique_ptr<parsers::OutputParser> parser_;  // chat with parsers active, else null
+  int calls_sent_ = 0;                              // tool calls streamed so far (their index)
 };
 
 // {"error": {"message", "type", "param", "code"}}: empty param/code become null.
