@@ -7,7 +7,8 @@
 #      Among them: the tokenizer and chat-template suites against HF tokenizers /
 #      transformers / jinja2 goldens, and `moe-ep serve` end to end under curl (1 and 2 ranks).
 #   2. The loader suites (hostile-checkpoint corpus, safetensors validation, sharding,
-#      scales, bad input) once more under AddressSanitizer + UndefinedBehaviorSanitizer.
+#      scales, bad input, the GGUF reader, model mapping and tokenizer) once more under
+#      AddressSanitizer + UndefinedBehaviorSanitizer.
 #   3. The libFuzzer targets (fuzz/), each for FUZZ_SECONDS (default 30): the text layer
 #      (tokenizer.json, encode/decode, chat templates) and the checkpoint's parsers
 #      (safetensors header, model.safetensors.index.json, config.json + quantization_config)

@@ -139,15 +139,8 @@ TEST(ServeParsersWire, ResponsesEqualTheClientValidatedGoldens) {
 
 // --- requests: what the parsers are asked to do -----------------------------------
 
-struct Ctx {
-  FakeTokenizer tok;
-  text::ChatTemplate tmpl{kChatMl, "chatml"};
-  ModelContext m;
-  Ctx() {
-    m.name = "fake-model";
-    m.max_model_len = 4096;
-    m.tokenizer = &tok;
-    m.chat_template = &tmpl;
+struct Ctx : FakeModelContext {
+  Ctx() : FakeModelContext(4096) {
     m.parsers.reasoning = ReasoningKind::qwen3;
     m.parsers.tools = ToolCallKind::hermes;
   }

@@ -17,7 +17,7 @@
 //
 // Decode (<= kDecodeMaxRows rows): all rows are one register block, so each weight byte
 // is loaded once per task, with the stream prefetched 4 KiB ahead into L2 (T1, as the
-// int8 VNNI kernel, whose comment has the measurement). Prefill: blocks of 4 rows per
+// int8 VNNI kernel, whose comment has the measurement). Prefill: blocks of up to 4 rows per
 // pass over the panel (which stays in L1/L2 between passes).
 #include <immintrin.h>
 
@@ -38,9 +38,12 @@ inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+struct Avx2 {
+  static constexpr int kMaxRows = 4;
+
 // acc[r][0..64) += the groups' dequantised sums for rows a[0..MR) x one panel.
 template <int MR, bool kPrefetch>
-void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const int8_t* const* a,
+static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const int8_t* const* a,
                  const int32_t* sa, float (*acc)[kPanel]) {
   const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group_oct;
   const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
@@ -87,55 +90,10 @@ void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint
   }
 }
 
-template <int MR, bool kPrefetch>
-void rows_block(const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
-  const int64_t per = j.gated ? kGateCols : kPanel, ng = j.i4_n_groups;
-  for (int64_t P = t.p0; P < t.p1; ++P) {
-    const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
-    const float* ws = j.w_scale + t.expert * j.q_stride + P * ng * kPanel;
-    const uint8_t* wz = j.i4_zero + t.expert * j.q_stride + P * ng * kPanel;
-    alignas(32) float acc[MR][kPanel] = {};
-    panel_block<MR, kPrefetch>(j, panel, ws, wz, a, sa, acc);
-    for (int r = 0; r < MR; ++r) {
-      float as;
-      std::memcpy(&as, reinterpret_cast<const char*>(a[r]) + j.a_scale_off, 4);
-      i4_epilogue_row(j, acc[r], as, j.c + (row0 + r) * j.ldc_bytes, P * per, valid_cols(j, P));
-    }
-  }
-}
-
-template <bool kPrefetch>
-void run_rows(int mr, const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
-  switch (mr) {
-    case 1: return rows_block<1, kPrefetch>(j, t, row0, a, sa);
-    case 2: return rows_block<2, kPrefetch>(j, t, row0, a, sa);
-    case 3: return rows_block<3, kPrefetch>(j, t, row0, a, sa);
-    default: return rows_block<4, kPrefetch>(j, t, row0, a, sa);
-  }
-}
+};
 
 }  // namespace
 
-void run_task_avx2_i4(const Job& j, const Task& t) {
-  static_assert(kI4MaxRows == 4, "run_rows instantiates 1..4 rows");
-  const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0, ng = j.i4_n_groups;
-  // Group sums of up to 4 rows (a task's rows x groups; 4 x 7168 / 32 ints at most ~ 3.5 KiB).
-  thread_local std::vector<int32_t> sa;
-  sa.resize(static_cast<size_t>(kI4MaxRows * ng));
-  const bool decode = rows <= kDecodeMaxRows;
-  for (int64_t rb = 0; rb < rows; rb += kI4MaxRows) {
-    const int mr = static_cast<int>(std::min<int64_t>(kI4MaxRows, rows - rb));
-    const int8_t* a[kI4MaxRows];
-    for (int r = 0; r < mr; ++r) {
-      a[r] = reinterpret_cast<const int8_t*>(j.a + (r0 + rb + r) * j.lda_bytes);
-      i4_group_sums(a[r], j.k, j.i4_group_oct * 8, ng, sa.data() + r * ng);
-    }
-    if (decode) {
-      run_rows<true>(mr, j, t, r0 + rb, a, sa.data());
-    } else {
-      run_rows<false>(mr, j, t, r0 + rb, a, sa.data());
-    }
-  }
-}
+void run_task_avx2_i4(const Job& j, const Task& t) { i4_run_task<Avx2>(j, t); }
 
 }  // namespace moe::gg

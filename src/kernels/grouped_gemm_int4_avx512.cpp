@@ -13,7 +13,7 @@
 // float steps are the portable runner's (acc + (float)isum * scale: a multiply, then an
 // add, no FMA; the project builds with -ffp-contract=off), so every ISA gives the same bits.
 //
-// Blocking: up to kMR = 6 rows x 64 columns = 24 zmm int32 accumulators, named locals (with
+// Blocking: up to kMaxRows = 6 rows x 64 columns = 24 zmm int32 accumulators, named locals (with
 // an array GCC 12 keeps them in memory: see grouped_gemm_int8_avx512.cpp). A k step does
 // the low quads of the 4 column blocks, then the high quads, reloading the 256 bytes of
 // the octet from L1 for the second half, so the accumulators, 4 decoded blocks, the nibble
@@ -32,7 +32,6 @@
 namespace moe::gg {
 namespace {
 
-constexpr int kMR = 6;
 constexpr int kPrefetchBytes = 4096;
 
 inline int32_t load_i32(const int8_t* p) {
@@ -71,9 +70,12 @@ inline int32_t load_i32(const int8_t* p) {
     MOE_I4_FLUSH_Q(R, 0) MOE_I4_FLUSH_Q(R, 1) MOE_I4_FLUSH_Q(R, 2) MOE_I4_FLUSH_Q(R, 3)                          \
   }
 
+struct Avx512Vnni {
+  static constexpr int kMaxRows = 6;
+
 // acc[r][0..64) = the panel's dequantised sums for rows a[0..MR) (acc zeroed by the caller).
 template <int MR, bool kPrefetch>
-void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const int8_t* const* a,
+static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const int8_t* const* a,
                  const int32_t* sa, float (*acc)[kPanel]) {
   const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group_oct;
   const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
@@ -116,60 +118,10 @@ void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint
 #undef MOE_I4_FLUSH_Q
 #undef MOE_I4_FLUSH
 
-template <int MR, bool kPrefetch>
-void rows_block(const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
-  const int64_t per = j.gated ? kGateCols : kPanel, ng = j.i4_n_groups;
-  for (int64_t P = t.p0; P < t.p1; ++P) {
-    const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
-    const float* ws = j.w_scale + t.expert * j.q_stride + P * ng * kPanel;
-    const uint8_t* wz = j.i4_zero + t.expert * j.q_stride + P * ng * kPanel;
-    alignas(64) float acc[MR][kPanel] = {};
-    panel_block<MR, kPrefetch>(j, panel, ws, wz, a, sa, acc);
-    for (int r = 0; r < MR; ++r) {
-      float as;
-      std::memcpy(&as, reinterpret_cast<const char*>(a[r]) + j.a_scale_off, 4);
-      i4_epilogue_row(j, acc[r], as, j.c + (row0 + r) * j.ldc_bytes, P * per, valid_cols(j, P));
-    }
-  }
-}
-
-template <bool kPrefetch>
-void run_rows(int mr, const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
-  switch (mr) {
-    case 1: return rows_block<1, kPrefetch>(j, t, row0, a, sa);
-    case 2: return rows_block<2, kPrefetch>(j, t, row0, a, sa);
-    case 3: return rows_block<3, kPrefetch>(j, t, row0, a, sa);
-    case 4: return rows_block<4, kPrefetch>(j, t, row0, a, sa);
-    case 5: return rows_block<5, kPrefetch>(j, t, row0, a, sa);
-    default: return rows_block<6, kPrefetch>(j, t, row0, a, sa);
-  }
-}
+};
 
 }  // namespace
 
-void run_task_avx512_vnni_i4(const Job& j, const Task& t) {
-  const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0, ng = j.i4_n_groups;
-  // Group sums of a row block (kMR rows x groups; 6 x 7168 / 32 ints at most ~ 5 KiB).
-  thread_local std::vector<int32_t> sa;
-  sa.resize(static_cast<size_t>(kMR * ng));
-  const bool decode = rows <= kDecodeMaxRows;
-  // Row blocks as even as possible (7 rows: 4 + 3, not 6 + 1), as the int8 kernel.
-  const int64_t nb = (rows + kMR - 1) / kMR;
-  int64_t rb = 0;
-  for (int64_t b = 0; b < nb; ++b) {
-    const int mr = static_cast<int>(rows / nb + (b < rows % nb ? 1 : 0));
-    const int8_t* a[kMR];
-    for (int r = 0; r < mr; ++r) {
-      a[r] = reinterpret_cast<const int8_t*>(j.a + (r0 + rb + r) * j.lda_bytes);
-      i4_group_sums(a[r], j.k, j.i4_group_oct * 8, ng, sa.data() + r * ng);
-    }
-    if (decode) {
-      run_rows<true>(mr, j, t, r0 + rb, a, sa.data());
-    } else {
-      run_rows<false>(mr, j, t, r0 + rb, a, sa.data());
-    }
-    rb += mr;
-  }
-}
+void run_task_avx512_vnni_i4(const Job& j, const Task& t) { i4_run_task<Avx512Vnni>(j, t); }
 
 }  // namespace moe::gg

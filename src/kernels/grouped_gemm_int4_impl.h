@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels/grouped_gemm_generic.h"
 #include "kernels/grouped_gemm_impl.h"
@@ -23,7 +24,7 @@ namespace moe::gg {
 namespace {
 
 inline constexpr int64_t kI4OctetBytes = kPanel * 4;  // 256: one octet of k for 64 columns
-inline constexpr int kI4MaxRows = 4;                  // rows register-blocked per pass over a panel
+inline constexpr int kI4MaxRows = 4;                  // rows per pass of the portable runner
 
 inline int64_t i4_octets(int64_t k) { return (k + 7) / 8; }
 inline int64_t i4_panel_bytes(int64_t k) { return i4_octets(k) * kI4OctetBytes; }
@@ -50,6 +51,66 @@ inline void i4_epilogue_row(const Job& j, const float* acc, float a_scale, char*
   float t[kPanel];
   for (int c = 0; c < kPanel; ++c) t[c] = acc[c] * a_scale;
   scalar_epilogue_row(j, t, crow, col0, nv);
+}
+
+// The task driver the ISA runners share. K supplies kMaxRows and
+//   template <int MR, bool kPrefetch> static void panel_block(const Job&, const uint8_t* panel,
+//       const float* ws, const uint8_t* wz, const int8_t* const* a, const int32_t* sa,
+//       float (*acc)[kPanel]);
+// which adds one panel's dequantised group sums for rows a[0..MR) into acc. The task's
+// rows go in blocks of at most kMaxRows, as even as possible (7 rows at 6: 4 + 3), each
+// block's group sums computed once; decode (<= kDecodeMaxRows rows) prefetches the
+// weight stream. A row's result does not depend on its block (integer sums, then the
+// same float steps), so the blocking is free to differ between ISAs.
+template <class K, int MR, bool kPrefetch>
+void i4_rows_block(const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
+  const int64_t per = j.gated ? kGateCols : kPanel, ng = j.i4_n_groups;
+  for (int64_t P = t.p0; P < t.p1; ++P) {
+    const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
+    const float* ws = j.w_scale + t.expert * j.q_stride + P * ng * kPanel;
+    const uint8_t* wz = j.i4_zero + t.expert * j.q_stride + P * ng * kPanel;
+    alignas(64) float acc[MR][kPanel] = {};
+    K::template panel_block<MR, kPrefetch>(j, panel, ws, wz, a, sa, acc);
+    for (int r = 0; r < MR; ++r) {
+      float as;
+      std::memcpy(&as, reinterpret_cast<const char*>(a[r]) + j.a_scale_off, 4);
+      i4_epilogue_row(j, acc[r], as, j.c + (row0 + r) * j.ldc_bytes, P * per, valid_cols(j, P));
+    }
+  }
+}
+
+// i4_rows_block for a run-time row count mr in [1, K::kMaxRows].
+template <class K, bool kPrefetch, int MR = 1>
+void i4_run_rows(int mr, const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
+  if constexpr (MR < K::kMaxRows) {
+    if (mr > MR) return i4_run_rows<K, kPrefetch, MR + 1>(mr, j, t, row0, a, sa);
+  }
+  i4_rows_block<K, MR, kPrefetch>(j, t, row0, a, sa);
+}
+
+template <class K>
+void i4_run_task(const Job& j, const Task& t) {
+  const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0, ng = j.i4_n_groups;
+  // Group sums of one row block (kMaxRows x 7168 / 32 ints at most: a few KiB).
+  thread_local std::vector<int32_t> sa;
+  sa.resize(static_cast<size_t>(K::kMaxRows * ng));
+  const bool decode = rows <= kDecodeMaxRows;
+  const int64_t nb = (rows + K::kMaxRows - 1) / K::kMaxRows;
+  int64_t rb = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int mr = static_cast<int>(rows / nb + (b < rows % nb ? 1 : 0));
+    const int8_t* a[K::kMaxRows];
+    for (int r = 0; r < mr; ++r) {
+      a[r] = reinterpret_cast<const int8_t*>(j.a + (r0 + rb + r) * j.lda_bytes);
+      i4_group_sums(a[r], j.k, j.i4_group_oct * 8, ng, sa.data() + r * ng);
+    }
+    if (decode) {
+      i4_run_rows<K, true>(mr, j, t, r0 + rb, a, sa.data());
+    } else {
+      i4_run_rows<K, false>(mr, j, t, r0 + rb, a, sa.data());
+    }
+    rb += mr;
+  }
 }
 
 }  // namespace

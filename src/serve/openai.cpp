@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 
+#include "serve/parsers/text_scan.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -28,23 +29,11 @@ namespace {
 // A byte scan (strings skipped) is enough: the parser rejects what is not JSON anyway.
 int json_depth(std::string_view s, int limit) {
   int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : s) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) break;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
+  parsers::scan_json_brackets(s, 0, [&](char c, size_t) {
+    if (c == '{' || c == '[') deepest = std::max(deepest, ++depth);
+    else --depth;
+    return deepest <= limit;
+  });
   return deepest;
 }
 

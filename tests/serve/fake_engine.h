@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "serve/engine.h"
+#include "serve/openai.h"
 #include "text/chat_template.h"
 #include "text/text_stream.h"
 #include "text/tokenizer.h"
@@ -109,6 +110,23 @@ inline const char* kChatMl =
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
     "<think>\n\n</think>\n\n{% endif %}{% endif %}";
+
+// A ModelContext over FakeTokenizer and ChatML: what the request parser reads (the tests
+// of openai.cpp and of the reply parsers' request options). Not copyable: m points at
+// the members.
+struct FakeModelContext {
+  FakeTokenizer tok;
+  text::ChatTemplate tmpl{kChatMl, "chatml"};
+  ModelContext m;
+  explicit FakeModelContext(int64_t max_model_len) {
+    m.name = "fake-model";
+    m.max_model_len = max_model_len;
+    m.tokenizer = &tok;
+    m.chat_template = &tmpl;
+  }
+  FakeModelContext(const FakeModelContext&) = delete;
+  FakeModelContext& operator=(const FakeModelContext&) = delete;
+};
 
 class FakeEngine : public Engine {
  public:

@@ -13,16 +13,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-struct Ctx {
-  FakeTokenizer tok;
-  text::ChatTemplate tmpl{kChatMl, "chatml"};
-  ModelContext m;
-  Ctx() {
-    m.name = "fake-model";
-    m.max_model_len = 64;
-    m.tokenizer = &tok;
-    m.chat_template = &tmpl;
-  }
+struct Ctx : FakeModelContext {
+  Ctx() : FakeModelContext(64) {}
   ApiRequest completion(const json& body) const { return parse_request(Api::completions, body.dump(), m); }
   ApiRequest chat(const json& body) const { return parse_request(Api::chat, body.dump(), m); }
 };

@@ -37,8 +37,12 @@ struct JsonExtent {
   enum Status { incomplete, complete, invalid } status = incomplete;
   size_t end = 0;
 };
-inline JsonExtent json_extent(std::string_view s, size_t i) {
-  int depth = 0;
+// Calls on_bracket(c, pos) for each bracket ({, [, }, ]) of s from index i on that is
+// outside a JSON string (escapes handled), until it returns false; returns the index it
+// stopped at (s.size() when it never did). The one string-skipping scan of JSON text
+// that json_extent and the request parser's nesting check (openai.cpp) share.
+template <class OnBracket>
+size_t scan_json_brackets(std::string_view s, size_t i, OnBracket on_bracket) {
   bool in_string = false, escaped = false;
   for (; i < s.size(); ++i) {
     const char c = s[i];
@@ -46,18 +50,26 @@ inline JsonExtent json_extent(std::string_view s, size_t i) {
       if (escaped) escaped = false;
       else if (c == '\\') escaped = true;
       else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
+    } else if (c == '"') {
       in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth < 0) return {JsonExtent::invalid, i};
-      if (depth == 0) return {JsonExtent::complete, i + 1};
+    } else if ((c == '{' || c == '[' || c == '}' || c == ']') && !on_bracket(c, i)) {
+      return i;
     }
   }
-  return {JsonExtent::incomplete, s.size()};
+  return s.size();
+}
+
+inline JsonExtent json_extent(std::string_view s, size_t i) {
+  int depth = 0;
+  JsonExtent out;
+  scan_json_brackets(s, i, [&](char c, size_t pos) {
+    if (c == '{' || c == '[') return ++depth, true;
+    if (--depth < 0) out = {JsonExtent::invalid, pos};
+    else if (depth == 0) out = {JsonExtent::complete, pos + 1};
+    return depth > 0;
+  });
+  if (out.status == JsonExtent::incomplete) out.end = s.size();
+  return out;
 }
 
 }  // namespace moe::serve::parsers
