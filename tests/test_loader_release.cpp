@@ -11,7 +11,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -156,6 +158,32 @@ TEST(LoadRelease, SafetensorsReleaseDropsWholePagesAndKeepsTheBytes) {
   EXPECT_EQ(std::memcmp(va.raw(), a.raw(), a.nbytes()), 0);
   EXPECT_EQ(std::memcmp(vb.raw(), b.raw(), b.nbytes()), 0);
   EXPECT_EQ(std::memcmp(vc.raw(), c.raw(), c.nbytes()), 0);
+}
+
+// An in-memory file (the fuzzers' heap copy) is never released: madvise(DONTNEED) on
+// heap pages zeroes them, this file's bytes and whatever else shares its pages. The
+// buffer is page-aligned with other data on its last page, the case the fuzzer hit
+// (header release at open zeroed libFuzzer's own copy of the input).
+TEST(LoadRelease, InMemoryFileIsNeverReleased) {
+  test::TempDir dir;
+  const int64_t n = static_cast<int64_t>(3 * kPage / 2 + 7);
+  const Tensor a = random_bf16({n});
+  write_safetensors(dir / "t.safetensors", {{"a", a}});
+  std::ifstream in(dir / "t.safetensors", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const uint64_t pages = (bytes.size() + kPage - 1) / kPage + 1;
+  std::shared_ptr<void> buf(std::aligned_alloc(kPage, pages * kPage), std::free);
+  char* p = static_cast<char*>(buf.get());
+  std::memset(p, 0x5a, pages * kPage);  // the neighbours: every byte after the file
+  std::memcpy(p, bytes.data(), bytes.size());
+
+  auto f = SafetensorsFile::from_bytes(buf, bytes.size(), "heap.safetensors");
+  f->release_elems("a", 0, n);
+  EXPECT_EQ(f->bytes_released(), a.nbytes());  // still counted: the caller is done with it
+  EXPECT_EQ(std::memcmp(p, bytes.data(), bytes.size()), 0) << "the file's own bytes changed";
+  for (uint64_t i = bytes.size(); i < pages * kPage; ++i)
+    ASSERT_EQ(p[i], 0x5a) << "byte " << i << " after the end of the in-memory file changed";
+  EXPECT_EQ(std::memcmp(f->view("a").raw(), a.raw(), a.nbytes()), 0);
 }
 
 TEST(LoadRelease, MoeLayerHoldsNoFilePageOfWhatItPacked) {

@@ -10,6 +10,12 @@
 
 namespace moe {
 
+// Where a reader's bytes live. Only a file's read-only mapping may have pages dropped with
+// madvise(DONTNEED): they refault from the page cache with the same bytes. On a heap
+// buffer (the fuzzers' and tests' in-memory files) the same call zeroes whole pages,
+// the bytes of whatever else shares them included, so those readers never release.
+enum class Backing { kFileMapping, kHeap };
+
 struct MappedFile {
   std::shared_ptr<void> data;  // the mapping; munmap when the last holder lets go
   uint64_t size = 0;           // bytes

@@ -142,17 +142,18 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   MappedFile m = map_file_readonly(path, where, 8, [](uint64_t size) {
     return fmt::format("file is {} bytes, expected at least 8 (the header length)", size);
   });
-  return from_bytes(std::move(m.data), m.size, path);
+  return from_bytes(std::move(m.data), m.size, path, Backing::kFileMapping);
 }
 
 std::shared_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::shared_ptr<void> data, uint64_t size,
-                                                             const std::string& path) {
+                                                             const std::string& path, Backing backing) {
   const std::string where = fmt::format("safetensors file '{}'", path);
   MOE_CHECK(size >= 8, "{}: file is {} bytes, expected at least 8 (the header length)", where, size);
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
   f->file_size_ = size;
   f->mapping_ = std::move(data);
+  f->backing_ = backing;
   const auto* bytes = static_cast<const unsigned char*>(f->mapping_.get());
 
   uint64_t n = 0;
@@ -354,7 +355,7 @@ void SafetensorsFile::advise(uint64_t begin, uint64_t end) const {
   // Read-ahead of large ranges, on whole pages inside the range only, so no
   // neighbouring tensor's (or expert's) pages are pulled in on its behalf.
   constexpr uint64_t kAdviseMin = 256u << 10;
-  if (end <= begin || end - begin < kAdviseMin) return;
+  if (backing_ != Backing::kFileMapping || end <= begin || end - begin < kAdviseMin) return;
   char* base = static_cast<char*>(mapping_.get());
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t lo = (begin + page - 1) / page * page;
@@ -396,7 +397,8 @@ uint64_t SafetensorsFile::release(uint64_t begin, uint64_t end) {
                                  hi >= file_size_ ? (file_size_ + page - 1) / page * page : hi / page * page);
   // Advisory: the range lies inside the mapping, so this fails only for reasons that
   // leave the pages mapped, which costs memory, not correctness.
-  if (last > first) ::madvise(static_cast<char*>(mapping_.get()) + first, last - first, MADV_DONTNEED);
+  if (last > first && backing_ == Backing::kFileMapping)
+    ::madvise(static_cast<char*>(mapping_.get()) + first, last - first, MADV_DONTNEED);
   return added;
 }
 
@@ -441,10 +443,11 @@ void SafetensorsFile::dequantize_elems(const TensorInfo& info, int64_t elem_begi
 
 std::shared_ptr<SafetensorsFile> SafetensorsFile::from_table(std::shared_ptr<void> data, uint64_t size,
                                                              uint64_t data_start, const std::string& path,
-                                                             std::vector<TensorInfo> tensors) {
+                                                             std::vector<TensorInfo> tensors, Backing backing) {
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
   f->mapping_ = std::move(data);
+  f->backing_ = backing;
   f->file_size_ = size;
   f->data_start_ = data_start;
   for (const TensorInfo& t : tensors) {

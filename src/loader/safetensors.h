@@ -32,6 +32,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "loader/mapped_file.h"
 
 namespace moe {
 
@@ -64,14 +65,16 @@ class SafetensorsFile {
   // maps the file and calls this; the fuzzer hands it a heap buffer of exactly `size`
   // bytes, so AddressSanitizer sees a read one byte past the end, which a page-rounded
   // mapping would hide). `data` is kept alive by the views; `path` names it in errors.
+  // `backing` says whether release_elems and prefetch_elems may madvise its pages.
   static std::shared_ptr<SafetensorsFile> from_bytes(std::shared_ptr<void> data, uint64_t size,
-                                                     const std::string& path);
+                                                     const std::string& path, Backing backing = Backing::kHeap);
   // The same views, byte counting and page release over a file of another format whose
   // caller has already parsed and validated it (a GGUF part: loader/gguf/
   // gguf_checkpoint.h), given its tensor table. Each tensor must lie inside [data_start,
   // size) and no two may overlap (checked: an error names both). metadata() is empty.
   static std::shared_ptr<SafetensorsFile> from_table(std::shared_ptr<void> data, uint64_t size, uint64_t data_start,
-                                                     const std::string& path, std::vector<TensorInfo> tensors);
+                                                     const std::string& path, std::vector<TensorInfo> tensors,
+                                                     Backing backing = Backing::kHeap);
 
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -126,6 +129,7 @@ class SafetensorsFile {
 
   std::string path_;
   std::shared_ptr<void> mapping_;  // munmaps when the last view goes away
+  Backing backing_ = Backing::kHeap;
   uint64_t file_size_ = 0;
   uint64_t header_bytes_ = 0;
   uint64_t data_start_ = 0;

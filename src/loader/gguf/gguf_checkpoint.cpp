@@ -242,7 +242,8 @@ CheckpointTables checkpoint_tables(const GgufModel& m) {
       }
     }
     out.files.push_back(
-        SafetensorsFile::from_table(part->mapping(), part->file_size(), part->data_start(), part->path(), infos));
+        SafetensorsFile::from_table(part->mapping(), part->file_size(), part->data_start(), part->path(), infos,
+                                    part->backing()));
   }
   return out;
 }

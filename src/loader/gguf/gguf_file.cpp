@@ -313,15 +313,17 @@ std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
   MappedFile m = map_file_readonly(path, where, kHeaderBytes, [](uint64_t size) {
     return fmt::format("truncated: the file is {} bytes, the header alone needs {}", size, kHeaderBytes);
   });
-  return from_bytes(std::move(m.data), m.size, path);
+  return from_bytes(std::move(m.data), m.size, path, Backing::kFileMapping);
 }
 
-std::shared_ptr<GgufFile> GgufFile::from_bytes(std::shared_ptr<void> data, uint64_t size, const std::string& path) {
+std::shared_ptr<GgufFile> GgufFile::from_bytes(std::shared_ptr<void> data, uint64_t size, const std::string& path,
+                                               Backing backing) {
   std::shared_ptr<GgufFile> f(new GgufFile());
   f->path_ = path;
   f->meta_.path_ = path;
   f->file_size_ = size;
   f->mapping_ = std::move(data);
+  f->backing_ = backing;
   MOE_CHECK(size >= kHeaderBytes, "{}: truncated: the file is {} bytes, the header alone needs {}", where_of(path),
             size, kHeaderBytes);
   GgufParser(f.get(), static_cast<const uint8_t*>(f->mapping_.get()), size).run();

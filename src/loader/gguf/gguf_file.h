@@ -31,6 +31,7 @@
 
 #include "core/tensor.h"
 #include "loader/gguf/gguf_types.h"
+#include "loader/mapped_file.h"
 
 namespace moe::gguf {
 
@@ -153,8 +154,9 @@ class GgufFile {
   // The validation of open() over `size` bytes already in memory (open() maps the file
   // and calls this; the fuzzer hands it an exact-size heap buffer so AddressSanitizer
   // sees any read past the end). `data` is kept alive by the file; `path` names it in
-  // errors.
-  static std::shared_ptr<GgufFile> from_bytes(std::shared_ptr<void> data, uint64_t size, const std::string& path);
+  // errors; `backing` is handed on to the checkpoint's views (safetensors.h).
+  static std::shared_ptr<GgufFile> from_bytes(std::shared_ptr<void> data, uint64_t size, const std::string& path,
+                                              Backing backing = Backing::kHeap);
 
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
@@ -162,6 +164,7 @@ class GgufFile {
   const std::string& path() const { return path_; }
   // The mapping the tensors' data points into (kept alive by whoever holds it).
   const std::shared_ptr<void>& mapping() const { return mapping_; }
+  Backing backing() const { return backing_; }
   uint32_t version() const { return version_; }
   uint64_t file_size() const { return file_size_; }
   uint32_t alignment() const { return alignment_; }
@@ -181,6 +184,7 @@ class GgufFile {
 
   std::string path_;
   std::shared_ptr<void> mapping_;
+  Backing backing_ = Backing::kHeap;
   uint64_t file_size_ = 0;
   uint32_t version_ = 0;
   uint32_t alignment_ = kDefaultAlignment;
