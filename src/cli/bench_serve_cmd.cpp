@@ -16,13 +16,33 @@ namespace moe {
 
 namespace {
 
+struct AgentOptions {
+  int turns = 0;  // 0: the concurrency sweep
+  int64_t turn_tokens = 1024;
+};
+
+int run_agent(const serve::BenchServeOptions& o, const AgentOptions& a, const std::string& output_json) {
+  fmt::print("bench-serve: agent replay on {} /v1/completions: {} turns, +{} prompt tokens a turn, {} output tokens\n",
+             o.url, a.turns, a.turn_tokens, o.output_len);
+  const serve::AgentResult r =
+      serve::run_agent_replay(o, a.turns, a.turn_tokens, [](const std::string& line) { fmt::print("  {}\n", line); });
+  fmt::print("\nmodel {}\n{}", r.model, serve::agent_table(r));
+  if (!output_json.empty())
+    write_file_atomic(output_json, serve::agent_json(o, a.turn_tokens, r).dump(2) + "\n", "--output-json");
+  int failed = 0;
+  for (const auto& t : r.turns) failed += !t.error.empty();
+  if (failed) fmt::print(stderr, "bench-serve: {} turns failed their checks: their figures do not count\n", failed);
+  return failed ? 1 : 0;
+}
+
 int run_bench_serve_cmd(serve::BenchServeOptions& o, const std::string& output_json,
-                        const std::vector<int64_t>& token_range) {
+                        const std::vector<int64_t>& token_range, const AgentOptions& agent) {
   std::signal(SIGPIPE, SIG_IGN);  // a server that resets a connection is an error to report, not a crash
   if (!token_range.empty()) {
     MOE_CHECK(token_range.size() == 2, "--token-range takes LO,HI, got {} values", token_range.size());
     o.token_lo = token_range[0], o.token_hi = token_range[1];
   }
+  if (agent.turns > 0) return run_agent(o, agent, output_json);
   fmt::print("bench-serve: {} {}, prompt ~{} tokens, {} output tokens, {} requests per level\n", o.url,
              o.chat ? "/v1/chat/completions" : "/v1/completions", o.prompt_len, o.output_len, o.requests);
   serve::BenchResult result = serve::run_bench_serve(o, [](const std::string& line) { fmt::print("  {}\n", line); });
@@ -45,6 +65,7 @@ Verb add_bench_serve_verb(CLI::App& app) {
   auto o = std::make_shared<serve::BenchServeOptions>();
   auto output_json = std::make_shared<std::string>();
   auto token_range = std::make_shared<std::vector<int64_t>>();
+  auto agent = std::make_shared<AgentOptions>();
   CLI::App* c = app.add_subcommand(
       "bench-serve",
       "Benchmark an OpenAI-compatible server: streaming requests at each concurrency level; prints time to first "
@@ -76,8 +97,19 @@ Verb add_bench_serve_verb(CLI::App& app) {
   c->add_option("--token-range", *token_range,
                 "LO,HI: the random prompt ids of /v1/completions are drawn from [LO, HI) (default 1000,10000)")
       ->delimiter(',');
+  c->add_option("--agent-turns", agent->turns,
+                "Instead of the concurrency sweep, replay one agent conversation of this many turns, its history "
+                "growing by --turn-tokens random token ids a turn (/v1/completions): per turn the time to first "
+                "token of the whole history from the prefix cache (its cache_salt), of the whole history cold (a "
+                "fresh salt) and of the new tokens alone; checks the cached answer equals the cold one")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--turn-tokens", agent->turn_tokens, "Prompt tokens each agent turn adds (--agent-turns)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   c->add_option("--output-json", *output_json, "Also write the results as JSON to this file");
-  return {c, [o, output_json, token_range] { return run_bench_serve_cmd(*o, *output_json, *token_range); }};
+  return {c, [o, output_json, token_range, agent] {
+            return run_bench_serve_cmd(*o, *output_json, *token_range, *agent);
+          }};
 }
 
 }  // namespace moe

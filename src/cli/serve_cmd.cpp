@@ -126,12 +126,12 @@ int run_serve(ServeOpts& o) {
   const KvCacheShape& ks = m.cache().shape();
   fmt::print(stderr,
              "moe-ep serve: {} ({}) as \"{}\" on http://{}:{} - {} rank(s) ({}), dtype {}, context {} tokens, KV "
-             "cache {} blocks of {} ({}, {:.2f} GiB, {} tokens), --max-num-seqs {}, --max-batch-tokens {}; loaded in "
+             "cache {} blocks of {} ({}, {:.2f} GiB, {} tokens, prefix cache {}), --max-num-seqs {}, --max-batch-tokens {}; loaded in "
              "{:.2f} s\n",
              m.config().model_type, m.config().summary(), o.http.served_model_name, o.http.host, http.port(),
              world.size(), to_string(o.common.parallel.par), weights_desc(o.common), m.cache().max_seq(), ks.n_blocks,
              ks.block_size, dtype_name(ks.dtype), static_cast<double>(ks.bytes()) / double(uint64_t{1} << 30), ks.n_blocks * ks.block_size,
-             o.engine.max_num_seqs, o.engine.max_batch_tokens, L.load_s);
+             o.engine.prefix_cache ? "on" : "off", o.engine.max_num_seqs, o.engine.max_batch_tokens, L.load_s);
   std::fflush(stderr);
   try {
     engine.run();
@@ -196,9 +196,15 @@ Verb add_serve_verb(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--kv-cache-mem", o->kv_cache_gib,
                 "KV-cache size in GiB, allocated once as blocks shared by all requests (default 0: enough for "
-                "--max-num-seqs requests at the full context, at most 4 GiB); a request waits until its prompt + "
-                "max_tokens fit. The default --kv-cache-dtype bf16 holds twice the tokens of f32 in the same GiB")
+                "--max-num-seqs requests at the full context, at most 4 GiB). Blocks are taken as sequences grow; "
+                "when they run out the newest request is preempted and recomputed later (mostly from the prefix "
+                "cache); only a prompt larger than the whole cache is refused. The default --kv-cache-dtype bf16 "
+                "holds twice the tokens of f32 in the same GiB")
       ->check(CLI::NonNegativeNumber);
+  s->add_flag("--no-prefix-cache", [o](int64_t) { o->engine.prefix_cache = false; },
+              "Prefill every prompt whole. By default full KV blocks are kept by their tokens' prefix (salted by a "
+              "request's cache_salt) and a prompt that starts the same way reads them instead of prefilling them "
+              "again, with the same answer bit for bit; unused cached blocks are evicted least recently used first");
   s->add_option("--kv-block-size", o->kv_block_size, "Positions per KV-cache block")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();

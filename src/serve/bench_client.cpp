@@ -109,8 +109,11 @@ BenchRequest run_one(httplib::Client& cli, const std::string& path, const BenchS
       return;
     }
     if (j.contains("usage") && j["usage"].is_object()) {
-      r.prompt_tokens = j["usage"].value("prompt_tokens", int64_t(0));
-      r.completion_tokens = j["usage"].value("completion_tokens", int64_t(0));
+      const json& u = j["usage"];
+      r.prompt_tokens = u.value("prompt_tokens", int64_t(0));
+      r.completion_tokens = u.value("completion_tokens", int64_t(0));
+      if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object())
+        r.cached_tokens = u["prompt_tokens_details"].value("cached_tokens", int64_t(0));
     }
     if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
     const json& c = j["choices"][0];
@@ -120,6 +123,7 @@ BenchRequest run_one(httplib::Client& cli, const std::string& path, const BenchS
              c["delta"]["content"].is_string())
       text = c["delta"]["content"];
     if (!text.empty()) chunk_t.push_back(since(t0));
+    r.text += text;
     if (c.contains("finish_reason") && c["finish_reason"].is_string()) finish = c["finish_reason"];
   };
 
@@ -176,6 +180,20 @@ BenchRequest run_one(httplib::Client& cli, const std::string& path, const BenchS
   return r;
 }
 
+// --model, or the first model GET /v1/models lists.
+std::string resolve_model(const std::string& base, const std::string& prefix, const BenchServeOptions& o) {
+  if (!o.model.empty()) return o.model;
+  auto cli = make_client(base, o);
+  auto res = cli->Get(prefix + "/v1/models");
+  MOE_CHECK(res, "cannot reach {}: {}", o.url, httplib::to_string(res.error()));
+  MOE_CHECK(res->status == 200, "GET {}/v1/models answered {}: {}", o.url, res->status, res->body.substr(0, 200));
+  json j = json::parse(res->body, nullptr, false);
+  MOE_CHECK(!j.is_discarded() && j.contains("data") && j["data"].is_array() && !j["data"].empty() &&
+                j["data"][0].contains("id") && j["data"][0]["id"].is_string(),
+            "GET {}/v1/models lists no model; pass --model", o.url);
+  return j["data"][0]["id"];
+}
+
 }  // namespace
 
 double percentile(std::vector<double> v, double p) {
@@ -192,18 +210,7 @@ BenchResult run_bench_serve(const BenchServeOptions& o, const std::function<void
   MOE_CHECK(o.token_lo >= 0 && o.token_hi > o.token_lo, "the token id range [{}, {}) is empty", o.token_lo, o.token_hi);
   auto [base, prefix] = split_url(o.url);
 
-  std::string model = o.model;
-  if (model.empty()) {
-    auto cli = make_client(base, o);
-    auto res = cli->Get(prefix + "/v1/models");
-    MOE_CHECK(res, "cannot reach {}: {}", o.url, httplib::to_string(res.error()));
-    MOE_CHECK(res->status == 200, "GET {}/v1/models answered {}: {}", o.url, res->status, res->body.substr(0, 200));
-    json j = json::parse(res->body, nullptr, false);
-    MOE_CHECK(!j.is_discarded() && j.contains("data") && j["data"].is_array() && !j["data"].empty() &&
-                  j["data"][0].contains("id") && j["data"][0]["id"].is_string(),
-              "GET {}/v1/models lists no model; pass --model", o.url);
-    model = j["data"][0]["id"];
-  }
+  const std::string model = resolve_model(base, prefix, o);
   const std::string path = prefix + (o.chat ? "/v1/chat/completions" : "/v1/completions");
 
   BenchResult result;
@@ -272,6 +279,81 @@ BenchResult run_bench_serve(const BenchServeOptions& o, const std::function<void
     levels.push_back(std::move(L));
   }
   return result;
+}
+
+AgentResult run_agent_replay(const BenchServeOptions& o, int turns, int64_t turn_tokens,
+                             const std::function<void(const std::string&)>& log) {
+  MOE_CHECK(turns >= 1 && turn_tokens >= 1, "--agent-turns and --turn-tokens must be at least 1");
+  MOE_CHECK(o.token_lo >= 0 && o.token_hi > o.token_lo, "the token id range [{}, {}) is empty", o.token_lo, o.token_hi);
+  auto [base, prefix] = split_url(o.url);
+  AgentResult result;
+  result.model = resolve_model(base, prefix, o);
+  auto cli = make_client(base, o);
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<int64_t> id(o.token_lo, o.token_hi - 1);
+  std::vector<int64_t> history;
+  // Salts unique to this run, so an earlier run's cached blocks never count.
+  const std::string run = fmt::format("{}-{}", o.seed, Clock::now().time_since_epoch().count());
+  auto body = [&](const std::vector<int64_t>& ids, const std::string& salt) {
+    return json{{"model", result.model},   {"prompt", ids},      {"max_tokens", o.output_len},
+                {"ignore_eos", true},       {"temperature", 0},   {"stream", true},
+                {"stream_options", {{"include_usage", true}}}, {"cache_salt", salt}};
+  };
+  const std::string path = prefix + "/v1/completions";
+  for (int t = 1; t <= turns; ++t) {
+    const std::vector<int64_t> fresh = [&] {
+      std::vector<int64_t> v(static_cast<size_t>(turn_tokens));
+      for (auto& x : v) x = id(rng);
+      return v;
+    }();
+    history.insert(history.end(), fresh.begin(), fresh.end());
+    const BenchRequest cold = run_one(*cli, path, o, body(history, fmt::format("cold-{}-{}", run, t)));
+    const BenchRequest fresh_only = run_one(*cli, path, o, body(fresh, fmt::format("new-{}-{}", run, t)));
+    const BenchRequest agent = run_one(*cli, path, o, body(history, "agent-" + run));
+    AgentTurn a;
+    a.turn = t;
+    a.context = int64_t(history.size());
+    a.ttft_agent_s = agent.ttft_s, a.ttft_cold_s = cold.ttft_s, a.ttft_new_s = fresh_only.ttft_s;
+    a.cached_tokens = agent.cached_tokens;
+    for (const BenchRequest* r : {&cold, &fresh_only, &agent})
+      if (a.error.empty() && !r->ok) a.error = r->error;
+    if (a.error.empty() && agent.text != cold.text)
+      a.error = "the agent's answer from the prefix cache differs from the cold one";
+    else if (a.error.empty() && (cold.cached_tokens != 0 || fresh_only.cached_tokens != 0))
+      a.error = "a request under a fresh cache_salt reported cached tokens";
+    else if (a.error.empty() && t > 1 && agent.cached_tokens <= 0)
+      a.error = "the agent's history was not served from a prefix cache (cached_tokens 0)";
+    if (log)
+      log(fmt::format("turn {}: context {} tokens, TTFT agent {:.1f} ms ({} cached), cold {:.1f} ms, new only {:.1f} "
+                      "ms{}",
+                      t, a.context, a.ttft_agent_s * 1e3, a.cached_tokens, a.ttft_cold_s * 1e3, a.ttft_new_s * 1e3,
+                      a.error.empty() ? "" : "; error: " + a.error));
+    result.turns.push_back(std::move(a));
+  }
+  return result;
+}
+
+std::string agent_table(const AgentResult& r) {
+  std::string out = fmt::format("{:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10}\n", "turn", "context", "cached",
+                                "TTFT agent", "TTFT cold", "TTFT new", "agent/new");
+  out += fmt::format("{:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10}\n", "", "tokens", "tokens", "ms", "ms", "ms", "");
+  for (const AgentTurn& a : r.turns)
+    out += fmt::format("{:>5} {:>8} {:>8} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.2f}{}\n", a.turn, a.context,
+                       a.cached_tokens, a.ttft_agent_s * 1e3, a.ttft_cold_s * 1e3, a.ttft_new_s * 1e3,
+                       a.ttft_new_s > 0 ? a.ttft_agent_s / a.ttft_new_s : 0.0, a.error.empty() ? "" : "  FAILED");
+  return out;
+}
+
+json agent_json(const BenchServeOptions& o, int64_t turn_tokens, const AgentResult& r) {
+  json turns = json::array();
+  for (const AgentTurn& a : r.turns)
+    turns.push_back({{"turn", a.turn},
+                     {"context_tokens", a.context},
+                     {"cached_tokens", a.cached_tokens},
+                     {"ttft_ms", {{"agent", a.ttft_agent_s * 1e3}, {"cold", a.ttft_cold_s * 1e3}, {"new_only", a.ttft_new_s * 1e3}}},
+                     {"error", a.error.empty() ? json(nullptr) : json(a.error)}});
+  return {{"url", o.url},       {"model", r.model},  {"mode", "agent-replay"}, {"turn_tokens", turn_tokens},
+          {"output_len", o.output_len}, {"seed", o.seed}, {"turns", turns}};
 }
 
 std::string bench_table(const BenchResult& r) {

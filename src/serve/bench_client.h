@@ -39,6 +39,8 @@ struct BenchRequest {
   double ttft_s = 0;          // send -> first content
   double latency_s = 0;       // send -> [DONE]
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t cached_tokens = 0;  // usage.prompt_tokens_details.cached_tokens
+  std::string text;           // the streamed text, whole
   std::vector<double> itl_s;  // per-token gaps between content chunks
   double tpot_s = 0;          // (last content - first content) / (tokens - 1)
 };
@@ -65,6 +67,33 @@ struct BenchResult {
 // Throws moe::Error when the server cannot be reached or names no model. `log` gets a
 // line per level as it ends.
 BenchResult run_bench_serve(const BenchServeOptions& o, const std::function<void(const std::string&)>& log = {});
+// Agent replay (--agent-turns): one conversation that an agent resends whole every
+// turn, its history growing by turn_tokens random token ids a turn. Each turn runs
+// three streamed /v1/completions requests, one at a time, with the same output_len:
+//   cold:  the whole history under a cache_salt no other request has (prefilled whole);
+//   new:   only this turn's new tokens under a fresh salt: the cost of prefilling only
+//          what is new, the floor a prefix cache can reach;
+//   agent: the whole history under the conversation's own salt (served from the prefix
+//          cache from turn 2 on), last, so its blocks are the most recently used.
+// Checked before measured: every request as run_bench_serve checks it, the agent's
+// greedy text equal to the cold one's, no cached tokens reported for cold and new,
+// some for the agent from turn 2 on (a server without a prefix cache fails this).
+struct AgentTurn {
+  int turn = 0;
+  int64_t context = 0;  // prompt tokens of the whole history
+  double ttft_agent_s = 0, ttft_cold_s = 0, ttft_new_s = 0;
+  int64_t cached_tokens = 0;  // the agent request's
+  std::string error;          // non-empty: the turn failed its checks
+};
+struct AgentResult {
+  std::string model;
+  std::vector<AgentTurn> turns;
+};
+AgentResult run_agent_replay(const BenchServeOptions& o, int turns, int64_t turn_tokens,
+                             const std::function<void(const std::string&)>& log = {});
+std::string agent_table(const AgentResult& r);
+nlohmann::ordered_json agent_json(const BenchServeOptions& o, int64_t turn_tokens, const AgentResult& r);
+
 // Linear interpolation between order statistics (numpy's default); 0 for no samples.
 double percentile(std::vector<double> v, double p);
 

@@ -49,6 +49,9 @@ struct RequestParams {
   std::vector<std::string> stop;    // the text ends before the first occurrence of any
   bool ignore_eos = false;
   bool skip_special_tokens = true;  // in the returned text
+  // The request's cache_salt: prefix-cache blocks are shared only between requests with
+  // the same salt (vLLM's field), so a tenant can keep its prompts from others' timing.
+  std::string cache_salt;
 };
 
 struct TokenLogprob {
@@ -85,8 +88,18 @@ class Stream {
     std::lock_guard lk(mu_);
     prompt_tokens_ = n;
   }
+  void set_cached_tokens(int64_t n) {
+    std::lock_guard lk(mu_);
+    cached_tokens_ = n;
+  }
 
   int64_t prompt_tokens() const;
+  // Prompt tokens read from the prefix cache instead of prefilled (usage.
+  // prompt_tokens_details.cached_tokens), as counted when the request was first admitted.
+  int64_t cached_tokens() const {
+    std::lock_guard lk(mu_);
+    return cached_tokens_;
+  }
   int64_t completion_tokens() const;
   const std::string& error() const { return error_; }  // after Finish::error
   double time_to_first_token_s() const;
@@ -98,7 +111,7 @@ class Stream {
   Finish finish_ = Finish::none;
   bool cancelled_ = false;
   std::string error_;
-  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
   std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   double ttft_s_ = -1;
 };
@@ -106,7 +119,7 @@ class Stream {
 class Engine {
  public:
   virtual ~Engine() = default;
-  // Throws ServeError (queue full: 503; prompt too long for the context: 400).
+  // Throws ServeError (queue full: 503; prompt too long for the context or the KV pool: 400).
   virtual std::shared_ptr<Stream> submit(RequestParams params) = 0;
   virtual bool ready() const = 0;   // model loaded, scheduler running
   virtual bool failed() const = 0;  // the engine stopped (a rank died, an error): answer 503

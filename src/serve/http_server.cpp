@@ -417,6 +417,7 @@ void HttpServer::Impl::answer_whole(const httplib::Request& req, httplib::Respon
   out.tokens = std::move(d.tokens);
   out.finish = f;
   out.completion_tokens = s->completion_tokens();
+  out.cached_tokens = s->cached_tokens();
   res.set_content(dump_json(response_json(r, meta, out, engine.tokenizer())), kJson);
   (void)fl;
 }
@@ -466,7 +467,7 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, ApiRequest r, std::
         return end_with(st->writer.error(server_error(503, fmt::format("generation failed: {}", st->stream->error()))));
       if (f == Finish::cancelled)
         return end_with(st->writer.error(server_error(503, "the request was cancelled by the server")));
-      return end_with(st->writer.end(f, st->stream->completion_tokens()));
+      return end_with(st->writer.end(f, st->stream->completion_tokens(), st->stream->cached_tokens()));
     } catch (const std::exception& e) {
       // Building a chunk failed (a bug): tell the client, end the stream.
       st->stream->cancel();

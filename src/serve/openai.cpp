@@ -374,6 +374,14 @@ ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m) 
   p.frequency_penalty = f.number_in("frequency_penalty", 0, -2, 2);
   p.ignore_eos = f.boolean("ignore_eos", false);
   p.skip_special_tokens = f.boolean("skip_special_tokens", true);
+  if (const json* salt = f.get("cache_salt"); salt && !salt->is_null()) {
+    if (!salt->is_string()) Fields::wrong_type("cache_salt", "a string", *salt);
+    p.cache_salt = salt->get<std::string>();
+    // Kept with each first block it salts: bounded so a client cannot make the
+    // scheduler hold large strings (vLLM's salts are short tenant ids too).
+    if (p.cache_salt.size() > 256)
+      bad("cache_salt", fmt::format("'cache_salt' may have at most 256 bytes, got {}", p.cache_salt.size()));
+  }
 
   if (const json* stop = f.get("stop")) {
     if (stop->is_string()) {

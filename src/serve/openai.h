@@ -106,6 +106,7 @@ struct Output {
   std::vector<TokenLogprob> tokens;
   Finish finish = Finish::none;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens the prefix cache served
 };
 
 // chat.completion / text_completion. ids: where tool-call ids come from (default:
@@ -124,7 +125,8 @@ class ChunkWriter {
   ChunkWriter(const ApiRequest& req, ResponseMeta meta, const text::Tokenizer& tok, parsers::IdSource ids = {});
   std::string start();  // chat: the delta {"role":"assistant"} chunk; completions: the echo, if any
   std::string delta(const Delta& d);
-  std::string end(Finish f, int64_t completion_tokens);  // finish_reason chunk, usage chunk, [DONE]
+  // The finish_reason chunk, the usage chunk, [DONE].
+  std::string end(Finish f, int64_t completion_tokens, int64_t cached_tokens = 0);
   std::string error(const ServeError& e);                // an error event, then [DONE]
 
  private:

@@ -85,8 +85,13 @@ json completion_logprobs(const std::vector<TokenLogprob>& toks, const text::Toke
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
-json usage_json(int64_t prompt, int64_t completion) {
-  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+// OpenAI's usage, with prompt_tokens_details.cached_tokens (the prompt tokens the prefix
+// cache served) as OpenAI and vLLM report it.
+json usage_json(int64_t prompt, int64_t completion, int64_t cached) {
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 
@@ -144,7 +149,7 @@ json response_json(const ApiRequest& req, const ResponseMeta& meta, const Output
           {"created", meta.created},
           {"model", meta.model},
           {"choices", json::array({choice})},
-          {"usage", usage_json(req.prompt_tokens, out.completion_tokens)}};
+          {"usage", usage_json(req.prompt_tokens, out.completion_tokens, out.cached_tokens)}};
 }
 
 ChunkWriter::ChunkWriter(const ApiRequest& req, ResponseMeta meta, const text::Tokenizer& tok, parsers::IdSource ids)
@@ -220,7 +225,7 @@ std::string ChunkWriter::delta(const Delta& d) {
   return sse_event(chunk({{"index", 0}, {"text", d.text}, {"logprobs", std::move(lp)}, {"finish_reason", nullptr}}));
 }
 
-std::string ChunkWriter::end(Finish f, int64_t completion_tokens) {
+std::string ChunkWriter::end(Finish f, int64_t completion_tokens, int64_t cached_tokens) {
   std::string out;
   const char* reason = finish_reason(f);
   if (parser_) {
@@ -236,7 +241,7 @@ std::string ChunkWriter::end(Finish f, int64_t completion_tokens) {
   if (req_.include_usage) {
     json u = chunk(json());
     u["choices"] = json::array();
-    u["usage"] = usage_json(req_.prompt_tokens, completion_tokens);
+    u["usage"] = usage_json(req_.prompt_tokens, completion_tokens, cached_tokens);
     out += sse_event(u);
   }
   return out + "data: [DONE]\n\n";

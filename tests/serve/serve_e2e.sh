@@ -2,9 +2,11 @@
 # moe-ep serve end to end, driven by curl (and jq to read the JSON): a real server on a
 # fixture model that has a tokenizer and a chat template.
 #   serve_e2e.sh BIN MODEL basic     one rank: answers equal `moe-ep generate`, streaming
-#                                    equals non-streaming, errors, 64 concurrent clients
+#                                    equals non-streaming, answers from the prefix cache
+#                                    equal cold ones, errors, 64 concurrent clients
 #                                    (some disconnecting), no KV leak, RSS flat, SIGTERM
-#   serve_e2e.sh BIN MODEL ep2       mpirun -np 2 --ep 2: the same answers as one rank,
+#   serve_e2e.sh BIN MODEL ep2       mpirun -np 2 --ep 2: the same answers as one rank
+#                                    (cold and from the prefix cache),
 #                                    SIGTERM on rank 0 ends every rank with 0
 #   serve_e2e.sh BIN MODEL kill      mpirun -np 2 --ep 2: rank 1 killed under load ends
 #                                    the job non-zero in bounded time, clients see errors
@@ -102,6 +104,33 @@ check_answers() {  # every prompt: chat and completion, streamed and not, equal 
   echo "ok: ${#PROMPTS[@]} prompts x (chat, completion) x (stream, not) equal moe-ep generate"
 }
 
+# Prefix cache (on by default): a prompt served from cached blocks answers with the
+# tokens and logprobs of its cold run, bit for bit (jq prints each float as the
+# shortest text that reads back to the same double); a chat's second turn reads its
+# history from the cache (usage.prompt_tokens_details.cached_tokens).
+check_prefix_cache() {
+  local body cold warm c0 c1 turn1 reply turn2 c2
+  body=$(jq -cn --arg m "$NAME" --arg t "prefix cache probe: $(seq -s ' ' 100 112)" \
+    '{model: $m, prompt: $t, max_tokens: 8, temperature: 0, logprobs: 5}')
+  cold=$(post /v1/completions "$body" | jq -c '.choices[0] | [.text, .logprobs]')
+  c0=$(jq '.usage.prompt_tokens_details.cached_tokens' "$TMP/body")
+  warm=$(post /v1/completions "$body" | jq -c '.choices[0] | [.text, .logprobs]')
+  c1=$(jq '.usage.prompt_tokens_details.cached_tokens' "$TMP/body")
+  [ "$(status)" = 200 ] || fail "prefix cache probe: status $(status): $(cat "$TMP/body")"
+  [ "$c0" = 0 ] || fail "a new prompt reported $c0 cached tokens"
+  [ "$c1" -gt 0 ] || fail "the same prompt again reported $c1 cached tokens"
+  [ "$cold" = "$warm" ] || fail "answer from the prefix cache differs: cold $cold, cached $warm"
+  turn1=$(jq -cn --arg m "$NAME" --arg t "Remember these numbers: $(seq -s ' ' 1 14)" \
+    '{model: $m, messages: [{role: "user", content: $t}], max_tokens: 6, temperature: 0}')
+  reply=$(post /v1/chat/completions "$turn1" | jq -c '.choices[0].message | {role, content}')
+  [ "$(status)" = 200 ] || fail "first turn: status $(status): $(cat "$TMP/body")"
+  turn2=$(jq -c --argjson r "$reply" '.messages += [$r, {role: "user", content: "And now?"}]' <<<"$turn1")
+  c2=$(post /v1/chat/completions "$turn2" | jq '.usage.prompt_tokens_details.cached_tokens')
+  [ "$(status)" = 200 ] || fail "second turn: status $(status): $(cat "$TMP/body")"
+  [ "$c2" -gt 0 ] || fail "a chat's second turn reported $c2 cached tokens"
+  echo "ok: prefix cache: the same prompt answers bit for bit from $c1 cached tokens; a second chat turn reads $c2"
+}
+
 rank_pid() {  # the pid of MPI rank $1 of the server
   local p
   for p in $(pgrep -f "moe-ep serve --model $MODEL" || true); do
@@ -118,6 +147,7 @@ basic)
   [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] || fail "/health not 200"
   [ "$(curl -s -H "Authorization: Bearer $KEY" "$URL/v1/models" | jq -r '.data[0].id')" = "$NAME" ] || fail "/v1/models"
   check_answers
+  check_prefix_cache
   # Errors, each with its status and OpenAI's error shape.
   [ "$(curl -s -o /dev/null -w '%{http_code}' -d '{}' "$URL/v1/chat/completions")" = 401 ] || fail "no key: not 401"
   post /v1/chat/completions '{"model": "e2e-model", "messages": [' >/dev/null; [ "$(status)" = 400 ] || fail "truncated JSON: $(status)"
@@ -168,6 +198,7 @@ ep2)
   reference
   start_server mpirun -np 2 --oversubscribe "$BIN" "${SERVE_FLAGS[@]}" --ep 2 --moe-comm alltoall --comm-timeout 20
   check_answers
+  check_prefix_cache
   rank0=$(rank_pid 0)
   [ -n "$rank0" ] || fail "cannot find rank 0"
   kill -TERM "$rank0"

@@ -303,7 +303,7 @@ TEST(OpenAiResponse, WholeResponseShapes) {
   Ctx c;
   ApiRequest chat = c.chat({{"messages", kChat["messages"]}, {"logprobs", true}, {"top_logprobs", 1}});
   const int32_t h = c.tok.ids("h")[0], e = c.tok.ids("\xc3\xa9")[0];
-  Output out{"h\xc3\xa9", {{h, -0.5f, {{h, -0.5f}}}, {e, -INFINITY, {}}}, Finish::stop, 2};
+  Output out{"h\xc3\xa9", {{h, -0.5f, {{h, -0.5f}}}, {e, -INFINITY, {}}}, Finish::stop, 2, /*cached_tokens=*/3};
   json j = response_json(chat, {"chatcmpl-1", 1700000000, "fake-model"}, out, c.tok);
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["id"], "chatcmpl-1");
@@ -312,7 +312,8 @@ TEST(OpenAiResponse, WholeResponseShapes) {
   EXPECT_EQ(j["choices"][0]["message"], json({{"role", "assistant"}, {"content", "h\xc3\xa9"}}));
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(j["usage"], json({{"prompt_tokens", chat.prompt_tokens}, {"completion_tokens", 2},
-                              {"total_tokens", chat.prompt_tokens + 2}}));
+                              {"total_tokens", chat.prompt_tokens + 2},
+                              {"prompt_tokens_details", {{"cached_tokens", 3}}}}));
   const json& lp = j["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(lp.size(), 2u);
   const json top = {{"token", "h"}, {"logprob", -0.5}, {"bytes", json::array({104})}};
@@ -340,7 +341,7 @@ TEST(OpenAiResponse, ChunkSequence) {
   Ctx c;
   ApiRequest r = c.chat({{"messages", kChat["messages"]}, {"stream", true}, {"stream_options", {{"include_usage", true}}}});
   ChunkWriter w(r, {"chatcmpl-9", 5, "fake-model"}, c.tok);
-  std::string all = w.start() + w.delta({"He", {}}) + w.delta({"", {}}) + w.delta({"llo", {}}) + w.end(Finish::length, 3);
+  std::string all = w.start() + w.delta({"He", {}}) + w.delta({"", {}}) + w.delta({"llo", {}}) + w.end(Finish::length, 3, 4);
   std::vector<json> ev;
   size_t pos = 0;
   for (size_t end; (end = all.find("\n\n", pos)) != std::string::npos; pos = end + 2) {
@@ -358,6 +359,7 @@ TEST(OpenAiResponse, ChunkSequence) {
   EXPECT_EQ(ev[3]["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(ev[4]["choices"], json::array());
   EXPECT_EQ(ev[4]["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(ev[4]["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
   EXPECT_EQ(ev[5], "[DONE]");
   for (int i = 0; i < 5; ++i) {
     EXPECT_EQ(ev[i]["id"], "chatcmpl-9");

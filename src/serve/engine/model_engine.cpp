@@ -23,9 +23,16 @@ struct Request {
   RequestParams p;
   std::shared_ptr<Stream> out;
   int32_t slot = -1;
-  std::vector<int32_t> blocks;
+  std::vector<int32_t> blocks;  // KV blocks of positions [0, blocks.size() * block_size)
   std::vector<int32_t> tokens;  // prompt, then generated
+  // n_cached: positions whose K/V are in `blocks` (the next token to run is
+  // tokens[n_cached]; tokens.size() - n_cached >= 1 while running).
   int64_t n_prompt = 0, n_cached = 0;
+  std::vector<uint64_t> keys;  // prefix-cache key of each full block of `tokens` (BlockPool::chain_key)
+  int64_t n_published = 0;     // blocks[0, n_published) are in the prefix cache (or matched from it)
+  uint64_t serial = 0;         // BlockPool's name of the prefix up to block n_published
+  int64_t admitted = -1;       // admission order: the largest is preempted first
+  bool queried = false;        // counted in the prefix-cache metrics (first admission only)
   std::unique_ptr<text::TextStream> text;
   std::unordered_map<int32_t, int32_t> counts;  // generated token -> times (penalties)
   Finish done = Finish::none;                   // set by sampling; retired before the next step
@@ -35,6 +42,14 @@ struct Request {
 namespace {
 
 int64_t blocks_for(int64_t positions, int64_t block_size) { return (positions + block_size - 1) / block_size; }
+
+// The keys of every full block of r.tokens not keyed yet.
+void update_keys(Request& r, int64_t bs) {
+  while (static_cast<int64_t>(r.keys.size() + 1) * bs <= static_cast<int64_t>(r.tokens.size())) {
+    const uint64_t parent = r.keys.empty() ? BlockPool::root_key(r.p.cache_salt) : r.keys.back();
+    r.keys.push_back(BlockPool::chain_key(parent, r.tokens.data() + r.keys.size() * bs, bs));
+  }
+}
 
 // log-softmax of one row, in double for the sum (logprobs are reported, not sampled).
 void log_softmax(const float* x, int64_t V, std::vector<float>& out) {
@@ -49,7 +64,11 @@ void log_softmax(const float* x, int64_t V, std::vector<float>& out) {
 }  // namespace
 
 ModelEngine::ModelEngine(Model& model, const text::Tokenizer& tok, const text::ChatTemplate* tmpl, EngineOptions opt)
-    : model_(model), tok_(tok), tmpl_(tmpl), opt_(std::move(opt)) {
+    : model_(model),
+      tok_(tok),
+      tmpl_(tmpl),
+      opt_(std::move(opt)),
+      pool_(std::max<int64_t>(1, model.cache().shape().n_blocks), model.cache().block_size(), opt_.prefix_cache) {
   const KvCache& c = model_.cache();
   MOE_CHECK(c.shape().paged(), "internal: the served model needs a paged KV cache");
   MOE_CHECK(opt_.max_num_seqs >= 1 && opt_.max_num_seqs <= c.n_slots(),
@@ -58,7 +77,6 @@ ModelEngine::ModelEngine(Model& model, const text::Tokenizer& tok, const text::C
             "--max-batch-tokens {} must be at least --max-num-seqs {} (every running request decodes one token per "
             "step)",
             opt_.max_batch_tokens, opt_.max_num_seqs);
-  for (int64_t b = c.shape().n_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
   for (int64_t s = opt_.max_num_seqs - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
 }
 
@@ -83,12 +101,14 @@ std::shared_ptr<Stream> ModelEngine::submit(RequestParams p) {
                                  "({} in the prompt, {} for the completion). Please reduce the prompt or max_tokens.",
                                  ctx, n + p.max_tokens, n, p.max_tokens),
                      "max_tokens"};
+  // Blocks are taken as the sequence grows (a long generation preempts others, and ends
+  // with "length" only if it outgrows the whole pool alone), so only the prompt must fit.
   const KvCache& c = model_.cache();
-  if (blocks_for(n + p.max_tokens, c.block_size()) > c.shape().n_blocks)
+  if (blocks_for(n, c.block_size()) > c.shape().n_blocks)
     throw ServeError{400, "invalid_request_error",
-                     fmt::format("the request needs {} positions but the KV cache holds {} in all (--kv-cache-mem)",
-                                 n + p.max_tokens, c.shape().n_blocks * c.block_size()),
-                     "max_tokens"};
+                     fmt::format("the prompt has {} tokens but the KV cache holds {} positions in all (--kv-cache-mem)",
+                                 n, c.shape().n_blocks * c.block_size()),
+                     "messages"};
   auto r = std::make_unique<Request>();
   r->out = std::make_shared<Stream>();
   r->out->set_prompt_tokens(n);
@@ -117,25 +137,88 @@ void ModelEngine::retire(Request& r, Finish f) {
     r.out->append_text(tail.text);
   }
   r.out->finish(f);
-  for (int32_t b : r.blocks) free_blocks_.push_back(b);
+  release_blocks(r);
   r.blocks.clear();
   if (r.slot >= 0) free_slots_.push_back(r.slot);
   r.slot = -1;
 }
 
-void ModelEngine::admit() {
-  const int64_t bs = model_.cache().block_size();
-  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < opt_.max_num_seqs && !free_slots_.empty()) {
-    Request& r = *waiting_.front();
-    const int64_t need = blocks_for(r.n_prompt + r.p.max_tokens, bs);
-    if (need > static_cast<int64_t>(free_blocks_.size())) break;  // FIFO: the head waits for blocks
-    r.slot = free_slots_.back();
-    free_slots_.pop_back();
-    r.blocks.assign(free_blocks_.end() - need, free_blocks_.end());
-    free_blocks_.resize(free_blocks_.size() - need);
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+bool ModelEngine::grow(Request& r, int64_t upto) {
+  const int64_t need = blocks_for(upto, model_.cache().block_size()) - static_cast<int64_t>(r.blocks.size());
+  if (need > pool_.available()) return false;
+  for (int64_t i = 0; i < need; ++i) r.blocks.push_back(pool_.take());
+  return true;
+}
+
+void ModelEngine::release_blocks(Request& r) {
+  // Last block first: the cache evicts the least recently released first, so a prefix
+  // loses its tail before its head, and what stays cached is still a usable prefix.
+  for (auto it = r.blocks.rbegin(); it != r.blocks.rend(); ++it) pool_.release(*it);
+  r.blocks.clear();
+}
+
+void ModelEngine::preempt(Request& r) {
+  release_blocks(r);  // its published blocks stay cached
+  r.n_cached = r.n_published = 0;
+  r.serial = 0;
+  free_slots_.push_back(r.slot);
+  r.slot = -1;
+  {
+    std::lock_guard lk(mu_);  // metrics() reads it
+    ++preemptions_;
   }
+  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == &r; });
+  waiting_.push_front(std::move(*it));
+  running_.erase(it);
+}
+
+bool ModelEngine::admit_head(int64_t budget) {
+  if (waiting_.empty() || budget <= 0 || free_slots_.empty() ||
+      static_cast<int64_t>(running_.size()) >= opt_.max_num_seqs)
+    return false;
+  Request& r = *waiting_.front();
+  const int64_t bs = model_.cache().block_size(), len = static_cast<int64_t>(r.tokens.size());
+  update_keys(r, bs);
+  // The last token always runs (its logits sample the next one), so at most the full
+  // blocks before it come from the cache.
+  r.blocks = pool_.match(r.keys, r.tokens, r.p.cache_salt, (len - 1) / bs, &r.serial);
+  r.n_published = static_cast<int64_t>(r.blocks.size());
+  r.n_cached = r.n_published * bs;
+  // The first chunk must get its blocks now; otherwise the head waits (FIFO).
+  if (!grow(r, r.n_cached + std::min(len - r.n_cached, budget))) {
+    release_blocks(r);
+    r.n_cached = r.n_published = 0;
+    r.serial = 0;
+    return false;
+  }
+  if (!r.queried) {  // a recomputation after a preemption is not a new query
+    r.queried = true;
+    r.out->set_cached_tokens(r.n_cached);
+    std::lock_guard lk(mu_);
+    prefix_queries_ += r.n_prompt;
+    prefix_hits_ += r.n_cached;
+  }
+  r.slot = free_slots_.back();
+  free_slots_.pop_back();
+  r.admitted = next_admission_++;
+  running_.push_back(std::move(waiting_.front()));
+  waiting_.pop_front();
+  return true;
+}
+
+void ModelEngine::publish_blocks(Request& r) {
+  const int64_t bs = model_.cache().block_size();
+  update_keys(r, bs);
+  for (int64_t j = r.n_published; (j + 1) * bs <= r.n_cached; ++j, ++r.n_published)
+    r.serial = pool_.publish(r.blocks[j], r.keys[j], r.tokens.data() + j * bs, r.serial, r.p.cache_salt);
+}
+
+void ModelEngine::update_shared() {
+  std::lock_guard lk(mu_);
+  n_waiting_shared_ = static_cast<int64_t>(waiting_.size());
+  n_running_shared_ = static_cast<int64_t>(running_.size());
+  kv_used_shared_ = pool_.n_held();
+  kv_cached_shared_ = pool_.n_cached();
 }
 
 void ModelEngine::sample_rows(const std::vector<Request*>& rows, const Tensor& logits) {
@@ -177,12 +260,15 @@ void ModelEngine::sample_rows(const std::vector<Request*>& rows, const Tensor& l
 }
 
 bool ModelEngine::step() {
+  const int64_t bs = model_.cache().block_size();
   StepPlan plan;
   plan.kind = PlanKind::step;
   StepBatch& b = plan.batch;
   std::vector<Request*> in_step, logit_req;
   int64_t budget = opt_.max_batch_tokens;
-  auto add = [&](Request& r, int64_t n, bool wants_logits) {
+  // n tokens of r from tokens[n_cached]; the chunk that reaches the last known token
+  // samples the next one (a decode, the end of a prompt, the end of a recomputation).
+  auto add = [&](Request& r, int64_t n) {
     SeqSpan sp;
     sp.slot = r.slot;
     sp.first = b.n_tokens();
@@ -192,7 +278,7 @@ bool ModelEngine::step() {
       b.tokens.push_back(r.tokens[p]);
       b.positions.push_back(static_cast<int32_t>(p));
     }
-    if (wants_logits) {
+    if (r.n_cached + n == static_cast<int64_t>(r.tokens.size())) {
       b.logit_rows.push_back(b.n_tokens() - 1);
       logit_req.push_back(&r);
     }
@@ -201,19 +287,62 @@ bool ModelEngine::step() {
     in_step.push_back(&r);
     budget -= n;
   };
-  for (auto& r : running_)
-    if (r->n_cached >= r->n_prompt) add(*r, 1, true);  // decode: the newest token
-  for (auto& r : running_) {
-    if (r->n_cached >= r->n_prompt || budget <= 0) continue;
-    const int64_t n = std::min(r->n_prompt - r->n_cached, budget);
-    add(*r, n, r->n_cached + n == r->n_prompt);  // a chunk that ends the prompt samples
+  auto decoding = [](const Request& r) {
+    return r.n_cached >= r.n_prompt && static_cast<int64_t>(r.tokens.size()) - r.n_cached == 1;
+  };
+  const int64_t preempted_before = preemptions_;
+  // 1. Decodes, oldest first (max_batch_tokens >= max_num_seqs: they always fit). One
+  //    that needs a block when the pool has none preempts the newest request, itself
+  //    if it is the newest; alone, it has outgrown the whole pool and ends ("length").
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Request& r = *running_[i];
+    if (!decoding(r)) continue;
+    bool runs = true;
+    while (runs && !grow(r, r.n_cached + 1)) {
+      if (running_.size() == 1) {
+        r.done = Finish::length;
+        runs = false;
+      } else {
+        Request& victim = *running_.back();
+        runs = &victim != &r;
+        preempt(victim);
+      }
+    }
+    if (runs) add(r, 1);
   }
-  if (b.n_tokens() == 0) return false;
+  // 2. Prompt chunks of the running requests still in prefill, oldest first, as far as
+  //    the budget and the pool allow.
+  for (auto& rp : running_) {
+    Request& r = *rp;
+    if (decoding(r) || budget <= 0) continue;
+    const int64_t room = (static_cast<int64_t>(r.blocks.size()) + pool_.available()) * bs - r.n_cached;
+    const int64_t n = std::min({static_cast<int64_t>(r.tokens.size()) - r.n_cached, budget, room});
+    if (n <= 0) continue;
+    grow(r, r.n_cached + n);
+    add(r, n);
+  }
+  // 3. New requests (not in a step that had to preempt: the blocks it freed are for
+  //    the running ones), their first chunk after what the prefix cache holds.
+  if (preemptions_ == preempted_before)
+    while (admit_head(budget)) {
+      Request& r = *running_.back();
+      add(r, std::min(static_cast<int64_t>(r.tokens.size()) - r.n_cached, budget));
+    }
+  if (b.n_tokens() == 0) {
+    // Requests in prefill hold all the blocks and none can go on: the newest gives its
+    // blocks back so the older ones can (alone, one always can: its prompt fits the pool).
+    if (running_.size() == 1 && running_.front()->done == Finish::none) running_.front()->done = Finish::length;
+    else if (running_.size() > 1) preempt(*running_.back());
+    return false;
+  }
   Communicator* w = model_.world();
   if (w && w->size() > 1) broadcast_plan(*w, plan);
   for (size_t i = 0; i < b.seqs.size(); ++i) model_.cache().set_blocks(b.seqs[i].slot, plan.blocks[i]);
   const Tensor logits = model_.forward(b);
-  for (size_t i = 0; i < in_step.size(); ++i) in_step[i]->n_cached += b.seqs[i].n;
+  for (size_t i = 0; i < in_step.size(); ++i) {
+    in_step[i]->n_cached += b.seqs[i].n;
+    publish_blocks(*in_step[i]);
+  }
   sample_rows(logit_req, logits);
   const EpStats es = model_.ep_stats();
   {
@@ -278,14 +407,8 @@ void ModelEngine::run() {
         if (f != Finish::none) retire(r, f);
         it = (f != Finish::none) ? running_.erase(it) : it + 1;
       }
-      admit();
-      {
-        std::lock_guard lk(mu_);
-        n_waiting_shared_ = static_cast<int64_t>(waiting_.size());
-        n_running_shared_ = static_cast<int64_t>(running_.size());
-        kv_used_shared_ = model_.cache().shape().n_blocks - static_cast<int64_t>(free_blocks_.size());
-      }
-      if (running_.empty()) {
+      update_shared();
+      if (running_.empty() && waiting_.empty()) {
         if (stopping) break;
         if (multi && std::chrono::duration<double>(Clock::now() - last_plan).count() >= opt_.heartbeat_s) {
           StepPlan idle;
@@ -296,8 +419,13 @@ void ModelEngine::run() {
         cv_.wait_for(lk, std::chrono::milliseconds(20), [&] { return !incoming_.empty() || stop_requested_; });
         continue;
       }
-      step();
-      last_plan = Clock::now();
+      if (step()) {
+        last_plan = Clock::now();
+      } else if (multi && std::chrono::duration<double>(Clock::now() - last_plan).count() >= opt_.heartbeat_s) {
+        StepPlan idle;  // nothing ran (a preemption to make room): the others still wait
+        broadcast_plan(*w, idle);
+        last_plan = Clock::now();
+      }
     }
     if (multi) {
       StepPlan stop;
@@ -321,6 +449,16 @@ std::string ModelEngine::metrics() const {
   gauge("moe_ep_requests_waiting", "Requests waiting for a slot or KV blocks.", "gauge",
         static_cast<double>(n_waiting_shared_ + static_cast<int64_t>(incoming_.size())));
   gauge("moe_ep_kv_cache_blocks_used", "KV-cache blocks held by requests.", "gauge", static_cast<double>(kv_used_shared_));
+  gauge("moe_ep_kv_cache_blocks_cached", "KV-cache blocks no request holds whose content the prefix cache keeps.",
+        "gauge", static_cast<double>(kv_cached_shared_));
+  gauge("moe_ep_kv_cache_blocks_free", "KV-cache blocks neither held nor cached.", "gauge",
+        static_cast<double>(ks.n_blocks - kv_used_shared_ - kv_cached_shared_));
+  gauge("moe_ep_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (first admissions).",
+        "counter", static_cast<double>(prefix_queries_));
+  gauge("moe_ep_prefix_cache_hits_total", "Prompt tokens read from the prefix cache instead of prefilled.",
+        "counter", static_cast<double>(prefix_hits_));
+  gauge("moe_ep_num_preemptions_total", "Running requests preempted to give their KV blocks to older ones.",
+        "counter", static_cast<double>(preemptions_));
   gauge("moe_ep_kv_cache_blocks_total", "KV-cache blocks in the pool.", "gauge", static_cast<double>(ks.n_blocks));
   gauge("moe_ep_kv_cache_usage_ratio", "Fraction of the KV-cache blocks in use.", "gauge",
         ks.n_blocks ? static_cast<double>(kv_used_shared_) / ks.n_blocks : 0.0);

@@ -1,23 +1,30 @@
 // The served model: rank 0's continuous-batching scheduler (an Engine for the HTTP
 // layer) and the loop the other ranks run.
 //
-// Scheduling, between two steps (nano-vllm / vLLM style, simplified):
-//   1. new requests join the waiting queue (FIFO); cancelled ones leave and free their
-//      KV blocks;
-//   2. admission: while fewer than max_num_seqs run, the head of the queue gets a cache
-//      slot and KV blocks for prompt + max_tokens positions (reserved up front, so a
-//      running request never needs a block that is not there: no preemption, no
-//      out-of-memory; when the pool is short the queue waits);
-//   3. the step: one token for every running request past its prompt (decode), then
-//      prompt chunks of the requests still in prefill, in arrival order, until
-//      max_batch_tokens (chunked prefill: a long prompt takes several steps while the
-//      others keep decoding);
+// Scheduling, between two steps (vLLM v1 style, simplified):
+//   1. new requests join the waiting queue (FIFO); cancelled ones leave and give their
+//      KV blocks back;
+//   2. the step, in tokens up to max_batch_tokens: one token for every running request
+//      past its prompt (decode), then prompt chunks of the running requests still in
+//      prefill (chunked prefill: a long prompt takes several steps while the others
+//      keep decoding), then, while fewer than max_num_seqs run, the head of the queue:
+//      its prompt is matched against the prefix cache block by block (serve/engine/
+//      block_pool.h; the last prompt token always runs, for the logits) and only the
+//      rest is prefilled;
+//   3. KV blocks are taken as a sequence grows, not reserved for prompt + max_tokens:
+//      when a decode needs a block and none is free or cached, the most recently
+//      admitted running request is preempted (its blocks go back, its computed full
+//      blocks stay in the prefix cache) and requeued at the front, to be recomputed
+//      later, mostly from that cache. A request is refused only if its prompt alone
+//      cannot fit the pool;
 //   4. rank 0 broadcasts the step plan, every rank runs Model::forward on it, rank 0
-//      samples each finished row and streams the text.
+//      samples each finished row and streams the text; the blocks the step filled are
+//      published to the prefix cache.
 // Same answers alone or in a batch: every kernel is batch-invariant (a row's result
 // does not depend on the other rows), attention reads a sequence's own blocks in
 // position order whatever block ids it got, and a sampled draw depends only on (seed,
-// step). When there is nothing to run, rank 0 broadcasts an idle plan every
+// step). So a request served from cached blocks, or recomputed after a preemption,
+// returns the tokens and logprobs of a cold run, bit for bit. When there is nothing to run, rank 0 broadcasts an idle plan every
 // heartbeat so the other ranks' bounded waits (--comm-timeout) do not expire.
 #pragma once
 
@@ -32,6 +39,7 @@
 
 #include "model/model.h"
 #include "serve/engine.h"
+#include "serve/engine/block_pool.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -43,6 +51,7 @@ struct EngineOptions {
   int64_t max_queue = 1024;         // waiting requests before submit() answers 503
   double heartbeat_s = 0.2;         // idle-plan period (well under --comm-timeout)
   std::vector<int64_t> eos_ids;     // config + generation_config + the tokenizer's eos
+  bool prefix_cache = true;         // --no-prefix-cache: every prompt is prefilled whole
 };
 
 struct Request;
@@ -72,7 +81,17 @@ class ModelEngine final : public Engine {
   void fail_all(const std::string& why);
 
  private:
-  void admit();
+  // Step planning (step()): blocks for positions [0, upto) of r, taken from the pool
+  // (false, nothing taken, when there are not enough).
+  bool grow(Request& r, int64_t upto);
+  void release_blocks(Request& r);  // all of r's blocks back to the pool
+  // Takes r out of the running batch: blocks back to the pool, requeued at the front.
+  void preempt(Request& r);
+  // The head of the queue into the running batch, its prompt matched against the prefix
+  // cache; the prompt tokens it may prefill this step are `budget`. False: no room.
+  bool admit_head(int64_t budget);
+  void publish_blocks(Request& r);  // r's full, computed blocks into the prefix cache
+  void update_shared();             // the gauges metrics() reads
   bool step();  // false: nothing ran
   void sample_rows(const std::vector<Request*>& rows, const Tensor& logits);
   void retire(Request& r, Finish f);
@@ -86,7 +105,8 @@ class ModelEngine final : public Engine {
   mutable std::mutex mu_;  // guards incoming_ and the metric counters below
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Request>> incoming_;
-  int64_t n_waiting_shared_ = 0, n_running_shared_ = 0, kv_used_shared_ = 0;
+  int64_t n_waiting_shared_ = 0, n_running_shared_ = 0, kv_used_shared_ = 0, kv_cached_shared_ = 0;
+  int64_t prefix_queries_ = 0, prefix_hits_ = 0, preemptions_ = 0;
   std::vector<std::vector<int64_t>> load_shared_;  // expert load snapshot [layer][E]
   std::optional<EplbReport> eplb_shared_;          // --eplb-interval: the rebalances so far
   double comm_s_ = 0, comm_bytes_ = 0;
@@ -95,9 +115,9 @@ class ModelEngine final : public Engine {
   // Scheduler thread only.
   std::deque<std::unique_ptr<Request>> waiting_;
   std::vector<std::unique_ptr<Request>> running_;
-  std::vector<int32_t> free_blocks_;
+  BlockPool pool_;
   std::vector<int32_t> free_slots_;
-  int64_t next_id_ = 0;
+  int64_t next_id_ = 0, next_admission_ = 0;
 };
 
 // Ranks > 0: receive step plans from rank 0 and run them until a stop plan.
