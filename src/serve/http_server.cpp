@@ -45,7 +45,7 @@ bool same_secret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-enum class Route { chat, completions, models, health, metrics };
+enum class Route { chat, completions, models, health, metrics, tokenize, detokenize };
 
 struct RouteInfo {
   const char* path;
@@ -58,6 +58,8 @@ constexpr RouteInfo kRoutes[] = {
     {"/v1/chat/completions", "POST", Route::chat, true},
     {"/v1/completions", "POST", Route::completions, true},
     {"/v1/models", "GET", Route::models, true},
+    {"/tokenize", "POST", Route::tokenize, true},
+    {"/detokenize", "POST", Route::detokenize, true},
     {"/health", "GET", Route::health, false},
     {"/metrics", "GET", Route::metrics, false},
 };
@@ -180,6 +182,7 @@ struct HttpServer::Impl {
   void dispatch(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader* reader);
   int read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader* reader,
                 std::string* body);
+  ModelContext model_context() const;  // what checking a request needs (503 while loading)
   void generate(Api api, const httplib::Request& req, httplib::Response& res, const std::string& body,
                 Clock::time_point arrival);
   void answer_whole(const httplib::Request& req, httplib::Response& res, const ApiRequest& r,
@@ -320,6 +323,8 @@ void HttpServer::Impl::dispatch(const httplib::Request& req, httplib::Response& 
       switch (route->route) {
         case Route::chat: generate(Api::chat, req, res, body, arrival); break;
         case Route::completions: generate(Api::completions, req, res, body, arrival); break;
+        case Route::tokenize: res.set_content(dump_json(tokenize_response(body, model_context())), kJson); break;
+        case Route::detokenize: res.set_content(dump_json(detokenize_response(body, model_context())), kJson); break;
         case Route::models: {
           json model = {{"id", opt.served_model_name},
                         {"object", "model"},
@@ -348,12 +353,8 @@ void HttpServer::Impl::dispatch(const httplib::Request& req, httplib::Response& 
   if (!res.content_provider_) metrics.request(label, res.status < 0 ? 200 : res.status);
 }
 
-void HttpServer::Impl::generate(Api api, const httplib::Request& req, httplib::Response& res, const std::string& body,
-                                Clock::time_point arrival) {
-  if (draining) throw server_error(503, "the server is shutting down");
-  if (engine.failed()) throw server_error(503, "the engine failed: no requests can be served");
+ModelContext HttpServer::Impl::model_context() const {
   if (!engine.ready()) throw server_error(503, "the model is loading: try again shortly");
-
   ModelContext ctx;
   ctx.name = opt.served_model_name;
   ctx.max_model_len = engine.max_model_len();
@@ -361,7 +362,16 @@ void HttpServer::Impl::generate(Api api, const httplib::Request& req, httplib::R
   ctx.chat_template = engine.chat_template();
   ctx.defaults = opt.defaults;
   ctx.parsers = parsers;
-  ApiRequest r = parse_request(api, body, ctx);  // ServeError: 400 / 404, user input
+  return ctx;
+}
+
+void HttpServer::Impl::generate(Api api, const httplib::Request& req, httplib::Response& res, const std::string& body,
+                                Clock::time_point arrival) {
+  if (draining) throw server_error(503, "the server is shutting down");
+  if (engine.failed()) throw server_error(503, "the engine failed: no requests can be served");
+  if (!engine.ready()) throw server_error(503, "the model is loading: try again shortly");
+
+  ApiRequest r = parse_request(api, body, model_context());  // ServeError: 400 / 404, user input
 
   auto fl = flights.enter();
   std::shared_ptr<Stream> s;

@@ -331,7 +331,10 @@ void unsupported(const Fields& f) {
 
 }  // namespace
 
-ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m) {
+namespace {
+
+// A request body as a JSON object, bounded in depth (ServeError 400 otherwise).
+json parse_body(std::string_view body) {
   if (json_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
     bad("", fmt::format("the request body nests JSON deeper than {} levels", kMaxJsonDepth));
   json j;
@@ -343,14 +346,25 @@ ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m) 
     bad("", fmt::format("malformed JSON in the request body: {}", e.what()));
   }
   if (!j.is_object()) bad("", fmt::format("the request body must be a JSON object, got {}", j.type_name()));
-  Fields f(j);
+  return j;
+}
 
+// "model", when given, must name the served model (404 otherwise, as OpenAI answers).
+void check_model(const Fields& f, const ModelContext& m) {
   if (const json* model = f.get("model")) {
     if (!model->is_string()) Fields::wrong_type("model", "a string", *model);
     if (*model != m.name)
       bad("model", fmt::format("The model '{}' does not exist: this server serves '{}'", model->get<std::string>(), m.name),
           404, "model_not_found");
   }
+}
+
+}  // namespace
+
+ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m) {
+  const json j = parse_body(body);
+  Fields f(j);
+  check_model(f, m);
   unsupported(f);
 
   ApiRequest r;
@@ -464,6 +478,57 @@ ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m) 
 
 std::string new_response_id(Api api) {
   return fmt::format("{}{:016x}{:016x}", api == Api::chat ? "chatcmpl-" : "cmpl-", random_u64(), random_u64());
+}
+
+// vLLM's POST /tokenize: a completion prompt ("prompt", with "add_special_tokens",
+// default true) or a chat ("messages", rendered as a chat request renders them, with
+// "add_generation_prompt", default true), never run; the ids a request with that body
+// would send to the model.
+Json tokenize_response(std::string_view body, const ModelContext& m) {
+  const json j = parse_body(body);
+  Fields f(j);
+  check_model(f, m);
+  std::vector<int32_t> ids;
+  if (f.get("messages")) {
+    parsers::ParseOptions parse;
+    ids = chat_prompt(f, m, &parse);
+  } else if (const json* prompt = f.get("prompt")) {
+    if (!prompt->is_string()) Fields::wrong_type("prompt", "a string", *prompt);
+    text::EncodeOptions opt;
+    opt.add_special_tokens = f.boolean("add_special_tokens", true);
+    opt.parse_special = true;
+    try {
+      ids = m.tokenizer->encode(prompt->get<std::string>(), opt);
+    } catch (const std::exception& e) {
+      bad("prompt", fmt::format("the prompt could not be tokenized: {}", e.what()));
+    }
+  } else {
+    bad("prompt", "give 'prompt' (a string) or 'messages' (a chat)");
+  }
+  return {{"count", ids.size()}, {"max_model_len", m.max_model_len}, {"tokens", ids}, {"token_strs", nullptr}};
+}
+
+// vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": text}, special tokens kept.
+Json detokenize_response(std::string_view body, const ModelContext& m) {
+  const json j = parse_body(body);
+  Fields f(j);
+  check_model(f, m);
+  const json* tokens = f.get("tokens");
+  if (!tokens) bad("tokens", "'tokens' (a list of token ids) is required");
+  if (!tokens->is_array()) Fields::wrong_type("tokens", "a list of token ids", *tokens);
+  const int64_t V = m.tokenizer->vocab_size();
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const json& t = (*tokens)[i];
+    const int64_t id = t.is_number_integer() ? t.get<int64_t>() : -1;
+    if (!t.is_number_integer() || id < 0 || id >= V)
+      bad("tokens", fmt::format("tokens[{}] must be a token id in [0, {}), got {}", i, V,
+                                t.is_number_integer() ? std::to_string(id) : std::string(t.type_name())));
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  text::DecodeOptions opt;
+  opt.skip_special_tokens = false;
+  return {{"prompt", m.tokenizer->decode(ids, opt)}};
 }
 
 }  // namespace moe::serve

@@ -87,6 +87,12 @@ struct ApiRequest {
 // the request's content.
 ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m);
 
+// vLLM's POST /tokenize ({"prompt"} or {"messages"}: {"count", "max_model_len",
+// "tokens", "token_strs": null}) and POST /detokenize ({"tokens"}: {"prompt"}). Throw
+// ServeError (400 / 404) like parse_request.
+Json tokenize_response(std::string_view body, const ModelContext& m);
+Json detokenize_response(std::string_view body, const ModelContext& m);
+
 // The deepest JSON nesting a body may have. Deeper bodies would make the recursive JSON
 // copies and the template's walks run out of stack; no real request comes near it.
 inline constexpr int kMaxJsonDepth = 64;

@@ -109,7 +109,7 @@ check_answers() {  # every prompt: chat and completion, streamed and not, equal 
 # shortest text that reads back to the same double); a chat's second turn reads its
 # history from the cache (usage.prompt_tokens_details.cached_tokens).
 check_prefix_cache() {
-  local body cold warm c0 c1 turn1 reply turn2 c2
+  local body cold warm c0 c1 turn1 reply turn2 c2 n ids
   body=$(jq -cn --arg m "$NAME" --arg t "prefix cache probe: $(seq -s ' ' 100 112)" \
     '{model: $m, prompt: $t, max_tokens: 8, temperature: 0, logprobs: 5}')
   cold=$(post /v1/completions "$body" | jq -c '.choices[0] | [.text, .logprobs]')
@@ -128,6 +128,11 @@ check_prefix_cache() {
   c2=$(post /v1/chat/completions "$turn2" | jq '.usage.prompt_tokens_details.cached_tokens')
   [ "$(status)" = 200 ] || fail "second turn: status $(status): $(cat "$TMP/body")"
   [ "$c2" -gt 0 ] || fail "a chat's second turn reported $c2 cached tokens"
+  # /tokenize counts what the chat ran; /detokenize gives its text back.
+  n=$(post /tokenize "$turn2" | jq '.count')
+  [ "$n" = "$(jq '.usage.prompt_tokens' <<<"$(post /v1/chat/completions "$turn2")")" ] || fail "/tokenize count $n"
+  ids=$(post /tokenize "$(jq -cn --arg m "$NAME" '{model: $m, prompt: "Hello, how are you?"}')" | jq -c '.tokens')
+  [ "$(post /detokenize "{\"tokens\": $ids}" | jq -r '.prompt')" = "Hello, how are you?" ] || fail "/detokenize: $(cat "$TMP/body")"
   echo "ok: prefix cache: the same prompt answers bit for bit from $c1 cached tokens; a second chat turn reads $c2"
 }
 

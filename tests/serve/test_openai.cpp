@@ -299,6 +299,35 @@ TEST(OpenAiChat, ToolCallsReachTheTemplate) {
   EXPECT_NE(e.message.find("roles must alternate"), std::string::npos) << e.message;
 }
 
+// vLLM's /tokenize and /detokenize: the ids a generation request with the same body
+// would run, and the text of ids with special tokens kept.
+TEST(OpenAiTokenize, TheIdsTheGenerationRequestsRunAndBack) {
+  Ctx c;
+  c.m.max_model_len = 1024;
+  const int32_t a = c.tok.ids("a")[0];
+  json t = tokenize_response(json({{"prompt", "<|im_start|>a"}}).dump(), c.m);
+  EXPECT_EQ(t["tokens"], json(c.completion({{"prompt", "<|im_start|>a"}}).params.prompt_ids));
+  EXPECT_EQ(t["tokens"], json({1, 3, a}));
+  EXPECT_EQ(t["count"], 3);
+  EXPECT_EQ(t["max_model_len"], 1024);
+  EXPECT_EQ(tokenize_response(json({{"prompt", "<|im_start|>a"}, {"add_special_tokens", false}}).dump(), c.m)["tokens"],
+            json({3, a}));
+  const json msgs = {{"messages", kChat["messages"]}, {"model", "fake-model"}};
+  EXPECT_EQ(tokenize_response(msgs.dump(), c.m)["tokens"], json(c.chat(msgs).params.prompt_ids));
+  EXPECT_EQ(detokenize_response(json({{"tokens", {3, a}}}).dump(), c.m), json({{"prompt", "<|im_start|>a"}}));
+
+  auto err = [&](auto f, const json& body) { return error_of([&] { f(body.dump(), c.m); }); };
+  EXPECT_EQ(err(tokenize_response, json::object()).param, "prompt");
+  EXPECT_EQ(err(tokenize_response, {{"prompt", 5}}).param, "prompt");
+  EXPECT_EQ(err(tokenize_response, {{"prompt", "a"}, {"model", "nope"}}).status, 404);
+  EXPECT_EQ(err(detokenize_response, json::object()).param, "tokens");
+  EXPECT_EQ(err(detokenize_response, {{"tokens", "ab"}}).param, "tokens");
+  const ServeError out = err(detokenize_response, {{"tokens", {a, 99999}}});
+  EXPECT_EQ(out.status, 400);
+  EXPECT_NE(out.message.find("tokens[1]"), std::string::npos) << out.message;
+  EXPECT_EQ(err(detokenize_response, {{"tokens", {-1}}}).status, 400);
+}
+
 TEST(OpenAiResponse, WholeResponseShapes) {
   Ctx c;
   ApiRequest chat = c.chat({{"messages", kChat["messages"]}, {"logprobs", true}, {"top_logprobs", 1}});
