@@ -3,8 +3,10 @@
 # runs each for FUZZ_SECONDS (default 30) from its corpus in fuzz/corpus/<target>/, with
 # fuzz/<target without fuzz_>.dict when there is one. The targets: the text layer
 # (fuzz_tokenizer_json, fuzz_encode_decode, fuzz_jinja) and the checkpoint's parsers
-# (fuzz_safetensors, fuzz_shard_index, fuzz_config, fuzz_gguf: GGUF files); fuzz/CMakeLists.txt
-# lists what each compiles. Seven targets at 30 s: about 3.5 minutes after the build.
+# (fuzz_safetensors, fuzz_shard_index, fuzz_config, fuzz_gguf: GGUF files) and the server's
+# request bodies (fuzz_openai: chat/completions, /tokenize, /detokenize and the response
+# builders); fuzz/CMakeLists.txt lists what each compiles. Eight targets at 30 s: about 4
+# minutes after the build.
 # New inputs the fuzzer finds go to a scratch directory, not into the repo; a crash
 # fails the script and leaves its input in build-fuzz/crashes/.
 set -euo pipefail

@@ -11,8 +11,8 @@
 #      AddressSanitizer + UndefinedBehaviorSanitizer.
 #   3. The libFuzzer targets (fuzz/), each for FUZZ_SECONDS (default 30): the text layer
 #      (tokenizer.json, encode/decode, chat templates) and the checkpoint's parsers
-#      (safetensors header, model.safetensors.index.json, config.json + quantization_config)
-#      and the GGUF reader.
+#      (safetensors header, model.safetensors.index.json, config.json + quantization_config),
+#      the GGUF reader and the server's request parser (OpenAI bodies).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

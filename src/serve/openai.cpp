@@ -340,7 +340,8 @@ json parse_body(std::string_view body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number too large for a double (1e400).
     // nlohmann's parser checks UTF-8 (and \u escapes) in strings, so this is also the
     // "invalid UTF-8" answer.
     bad("", fmt::format("malformed JSON in the request body: {}", e.what()));
