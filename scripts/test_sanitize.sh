@@ -17,7 +17,7 @@ BUILD=${SANITIZE_BUILD_DIR:-build-sanitize}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DMOE_SANITIZE=ON >/dev/null
 cmake --build "$BUILD" -j"${JOBS:-2}" --target moe-ep moe_loader_tests
-FILTER=${1:-'HostileCorpus.*:Safetensors*.*:Checkpoint.*:BadInput.*:Loader*.*:Placement*.*:Eplb*.*:ExpertPieces.*:Fp8*.*:QuantFp8.*:Gguf*.*'}
+FILTER=${1:-'HostileCorpus.*:Safetensors*.*:Checkpoint.*:BadInput.*:Loader*.*:Placement*.*:Eplb*.*:ExpertPieces.*:Fp8*.*:QuantFp8.*:Gguf*.*:HfInt4*.*'}
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=0:detect_leaks=1:allocator_may_return_null=0:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export OMP_WAIT_POLICY=PASSIVE

@@ -199,7 +199,7 @@ TEST(Fp8Config, QuantizationConfigIsParsedStrictly) {
   EXPECT_EQ(module_of("a.b.q_proj.weight"), "a.b.q_proj");
   EXPECT_EQ(module_of("a.experts.gate_up_proj"), "a.experts.gate_up_proj");
   const std::vector<std::pair<json, std::string>> bad = {
-      {{{"quant_method", "gptq"}}, "quant_method \"gptq\" is not supported"},
+      {{{"quant_method", "bitsandbytes"}}, "quant_method \"bitsandbytes\" is not supported"},
       {{{"quant_method", "fp8"}, {"fmt", "e5m2"}}, "fmt \"e5m2\" is not supported"},
       {{{"quant_method", "fp8"}, {"activation_scheme", "static"}}, "activation_scheme \"static\""},
       {{{"quant_method", "fp8"}, {"weight_block_size", {128}}}, "weight_block_size must be [rows, cols]"},
@@ -240,8 +240,8 @@ TEST(Fp8Hostile, ClearErrorsNamingTheTensor) {
        {}, {"model.layers.1.mlp.experts.2.up_proj.weight", "block scale inf"}},
       {"NaN code", [&](test::Tensors& ts) { static_cast<uint8_t*>(test::find_tensor(ts, attn)->raw())[7] = 0x7f; }, {},
        {attn, "NaN code 0x7f"}},
-      {"unknown method", {}, [](json& c) { c["quantization_config"]["quant_method"] = "awq"; },
-       {"quant_method \"awq\" is not supported"}},
+      {"unknown method", {}, [](json& c) { c["quantization_config"]["quant_method"] = "bitsandbytes"; },
+       {"quant_method \"bitsandbytes\" is not supported"}},
       {"block size", {}, [](json& c) { c["quantization_config"]["weight_block_size"] = {8, 16}; },
        {"weight_scale_inv", "expected"}},
       {"listed as not converted", {},

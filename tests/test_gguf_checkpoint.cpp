@@ -192,17 +192,7 @@ TEST(GgufCheckpoint, Q4_0ExpertsModelNearTheF32One) {
   const std::vector<std::vector<int32_t>> prompts = {{3}, {1, 4, 1, 5, 9}, {2, 6, 5, 3, 5, 8, 9, 7, 9}};
   auto q = load(path, DType::F32, true), f = load(path, DType::F32, false);
   const Tensor lq = prefill_logits(*q, prompts), lf = prefill_logits(*f, prompts);
-  const int64_t S = lq.dim(1), V = lq.dim(2);
-  double worst = 1;
-  for (size_t i = 0; i < prompts.size(); ++i)
-    for (int64_t s = 0; s < static_cast<int64_t>(prompts[i].size()); ++s) {
-      double ab = 0, aa = 0, bb = 0;
-      for (int64_t v = 0; v < V; ++v) {
-        const double a = lq.data<float>()[(i * S + s) * V + v], b = lf.data<float>()[(i * S + s) * V + v];
-        ab += a * b, aa += a * a, bb += b * b;
-      }
-      worst = std::min(worst, ab / std::sqrt(aa * bb));
-    }
+  const double worst = test::worst_logit_cosine(lq, lf, prompts);
   std::printf("[ gguf ] Q4_0 experts and attn_output in int4 vs dequantised f32: worst logit cosine %.9f\n", worst);
   EXPECT_GE(worst, kInt4Cosine);
   EXPECT_LT(worst, 1.0);  // the int8 activations do change something: the int4 path ran

@@ -66,6 +66,23 @@ inline double max_logit_diff(const Tensor& a, const Tensor& b, const std::vector
   return m;
 }
 
+// The smallest cosine similarity of a's and b's logit rows over the valid rows of [B, S,
+// V] logits (both the same S): how far a quantised model's answers drift from its float one.
+inline double worst_logit_cosine(const Tensor& a, const Tensor& b, const std::vector<std::vector<int32_t>>& prompts) {
+  const int64_t S = a.dim(1), V = a.dim(2);
+  double worst = 1;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    for (int64_t s = 0; s < static_cast<int64_t>(prompts[i].size()); ++s) {
+      double ab = 0, aa = 0, bb = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const double x = a.data<float>()[(i * S + s) * V + v], y = b.data<float>()[(i * S + s) * V + v];
+        ab += x * y, aa += x * x, bb += y * y;
+      }
+      worst = std::min(worst, ab / std::sqrt(aa * bb));
+    }
+  return worst;
+}
+
 // bf16 logits against the fp32 golden: rows (prompt, position) whose max |difference|
 // exceeds `frac` of the golden's largest |logit|, and the worst difference of the others.
 struct Bf16Rows {

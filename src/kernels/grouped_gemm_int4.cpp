@@ -279,6 +279,18 @@ void pack_expert_q4(PackedExperts& p, int64_t e, const Tensor& u, const Tensor& 
   gg::pack_q4_rows(p, e, up, zp, sp);
 }
 
+void pack_gated_expert_q4(PackedExperts& w13, PackedExperts& w2, int64_t e, const Q4Weight& gate, const Q4Weight& up,
+                          const Q4Weight& down) {
+  auto stack = [](const Tensor& a, const Tensor& b) {
+    Tensor t = Tensor::empty({a.dim(0) + b.dim(0), a.dim(1)}, a.dtype());
+    std::memcpy(t.raw(), a.raw(), a.nbytes());
+    std::memcpy(static_cast<char*>(t.raw()) + a.nbytes(), b.raw(), b.nbytes());
+    return t;
+  };
+  pack_expert_q4(w13, e, stack(gate.u, up.u), stack(gate.zero, up.zero), stack(gate.scale, up.scale));
+  pack_expert_q4(w2, e, down.u, down.zero, down.scale);
+}
+
 void unpack_expert_q4(const PackedExperts& p, int64_t e, Tensor& u, Tensor& zero, Tensor& scale) {
   gg::check_int4(p, e, "unpack_expert_q4");
   const int64_t np = gg::n_panels(p.n, p.gated), pb = gg::i4_panel_bytes(p.k), K = p.k;

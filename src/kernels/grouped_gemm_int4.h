@@ -48,6 +48,14 @@ float quantize_weight_group_q4(const float* v, int64_t len, bool zero_points, ui
 // Packs an already quantised expert: u, U8 [n, k] in [0, 15]; zero, U8 [n, n_groups] in
 // [0, 15]; scale, f32/bf16/f16 [n, n_groups] (finite, >= 0). w[n, k] = (u - zero) * scale.
 void pack_expert_q4(PackedExperts& p, int64_t e, const Tensor& u, const Tensor& zero, const Tensor& scale);
+// One already quantised weight as pack_expert_q4 takes it.
+struct Q4Weight {
+  Tensor u, zero, scale;
+};
+// Expert e of a gated MLP from quantised weights: gate and up stacked into w13 (gate's
+// rows first, the layout of make_packed_experts_int4(gated)), down into w2.
+void pack_gated_expert_q4(PackedExperts& w13, PackedExperts& w2, int64_t e, const Q4Weight& gate, const Q4Weight& up,
+                          const Q4Weight& down);
 // Expert e's unsigned codes U8 [n, k], zero points U8 [n, n_groups], scales f32 [n, n_groups].
 void unpack_expert_q4(const PackedExperts& p, int64_t e, Tensor& u, Tensor& zero, Tensor& scale);
 

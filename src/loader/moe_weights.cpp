@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "kernels/grouped_gemm_int4.h"
 #include "loader/gguf/gguf_experts.h"
+#include "loader/hf_int4/hf_int4.h"
 #include "kernels/quant.h"
 #include "loader/fp8_weights.h"
 #include "loader/quant_weights.h"
@@ -30,6 +31,11 @@ bool float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == D
 std::optional<TensorProblem> tensor_problem(const Checkpoint& ck, const std::string& key, const Shape& expected,
                                             int64_t layer, bool fp8_ok) {
   const std::string where = layer >= 0 ? fmt::format("layer {}: ", layer) : "";
+  if (hf_int4::is_int4_weight(ck, key)) {  // GPTQ / AWQ / compressed-tensors int4 (loader/hf_int4)
+    if (auto m = hf_int4::int4_problem(ck, TensorRead{key, expected, ShardRule::replicated(), 0, 1, layer}))
+      return TensorProblem{TensorProblem::WrongDType, key, where + *m};
+    return std::nullopt;
+  }
   if (!ck.has(key))
     return TensorProblem{TensorProblem::Missing, key,
                          fmt::format("{}tensor '{}' missing from checkpoint {} (expected shape {})", where, key,
@@ -91,6 +97,10 @@ bool uses_fused(const Checkpoint& ck, const MlpKeys& keys) {
 // tensor at a time, exactly (the f32 products), then to the requested dtype. Routed,
 // shared and dense experts computed in bf16 stay e4m3 instead (fp8_weights.h).
 Tensor load_read(const Checkpoint& ck, const LayerRead& r, std::optional<DType> out = std::nullopt) {
+  if (hf_int4::is_int4_weight(ck, r.key)) {  // int4 read as float: (u - z) * s, exact in f32
+    const Tensor d = hf_int4::dequantize(ck, r.tensor_read());
+    return out ? d.to(*out) : d;
+  }
   if (is_fp8_weight(ck, r.key)) {
     const Tensor d = dequantize_fp8(load_fp8_slice(ck, r.tensor_read()), DType::F32);
     return out ? d.to(*out) : d;
@@ -114,12 +124,27 @@ void report_unexpected(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer
   (opt.warn ? opt.warn : warn_default)(msg);
 }
 
-// Loads and packs the gated MLP of `reads` (gate, up, down in that order).
+// The layer's int8 expert format: none for an int4 checkpoint, whose GPTQ / AWQ
+// "qweight" keys are not xLLM SmoothQuant's.
+QuantFormat layer_quant_format(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer) {
+  return hf_int4::checkpoint_int4(ck) ? QuantFormat::None : detect_quant_format(ck, cfg, layer);
+}
+
+// Loads and packs the gated MLP of `reads` (gate, up, down in that order). int4: a
+// GPTQ / AWQ / compressed-tensors MLP stays int4 (loader/hf_int4).
 GatedMlpWeights load_gated(const Checkpoint& ck, const LayerRead& g, const LayerRead& u, const LayerRead& d,
-                           Activation act, DType compute) {
+                           Activation act, DType compute, bool int4 = true) {
   const int64_t I = g.full_shape[0], H = g.full_shape[1];
   GatedMlpWeights w;
   w.act = act;
+  if (int4 && hf_int4::is_int4_weight(ck, g.key) && hf_int4::int4_exact(ck, g.tensor_read()) &&
+      hf_int4::int4_exact(ck, u.tensor_read()) && hf_int4::int4_exact(ck, d.tensor_read())) {
+    const int64_t group = hf_int4::kernel_group(ck);
+    w.w13 = make_packed_experts_int4(1, 2 * I, H, /*gated=*/true, group);
+    w.w2 = make_packed_experts_int4(1, H, I, /*gated=*/false, group);
+    hf_int4::pack_expert(ck, w.w13, w.w2, 0, g.tensor_read(), u.tensor_read(), d.tensor_read());
+    return w;
+  }
   if (compute == DType::BF16 && is_fp8_weight(ck, g.key)) {  // stays e4m3 (fp8_weights.h)
     const Fp8Slice gs = load_fp8_slice(ck, g.tensor_read()), us = load_fp8_slice(ck, u.tensor_read()),
                    ds = load_fp8_slice(ck, d.tensor_read());
@@ -235,7 +260,7 @@ std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cf
   add(keys.router, {E, H}, ShardRule::replicated(), LayerRead::Router);
   if (cfg.routing.use_correction_bias)
     add(keys.correction_bias, bias_shape(ck, keys.correction_bias, E), ShardRule::replicated(), LayerRead::Bias);
-  if (detect_quant_format(ck, cfg, layer) != QuantFormat::None) {
+  if (layer_quant_format(ck, cfg, layer) != QuantFormat::None) {
     // Pre-quantised int8 experts: read by load_quant_experts (loader/quant_weights.h).
   } else if (uses_fused(ck, keys)) {
     add(keys.fused_gate_up, {E, 2 * I, H}, ShardRule::expert_local_stacked(b, e, 0, 2), LayerRead::FusedGateUp, -1, tr,
@@ -283,7 +308,7 @@ std::vector<TensorProblem> check_mlp_block(const Checkpoint& ck, const MoeConfig
   }
   if (cfg.is_moe_layer(layer)) {
     try {
-      const QuantFormat qf = detect_quant_format(ck, cfg, layer);
+      const QuantFormat qf = layer_quant_format(ck, cfg, layer);
       for (auto& p : check_quant_experts(ck, cfg, layer, qf, 0, cfg.n_experts, max_problems)) out.push_back(p);
     } catch (const Error& e) {  // keys of two quantised formats
       out.push_back({TensorProblem::Unexpected, mlp_keys(cfg, layer, &ck).block, e.what()});
@@ -327,7 +352,9 @@ std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeC
   }
   std::vector<std::string> out;
   for (const std::string& prefix : mlp_block_prefixes(layer))
-    for (const std::string& key : ck.keys_with_prefix(prefix)) {
+    for (const std::string& stored : ck.keys_with_prefix(prefix)) {
+      // An int4 weight's tensors (loader/hf_int4) stand for "<module>.weight".
+      const std::string key = hf_int4::is_int4_key(stored) ? hf_int4::weight_key_of(stored) : stored;
       if (std::find(known.begin(), known.end(), key) != known.end()) continue;
       int64_t id = -1;
       if (moe && (match_expert_key(keys.expert_gate, key, &id) || match_expert_key(keys.expert_up, key, &id) ||
@@ -336,7 +363,7 @@ std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeC
         continue;
       if (auto m = match_scale_key(cfg.family, key); m && m->layer == layer) continue;
       if (moe && is_quant_expert_key(cfg, keys, key)) continue;
-      out.push_back(key);
+      out.push_back(stored);
     }
   return out;
 }
@@ -366,7 +393,7 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   report_unexpected(ck, cfg, layer, opt);
   const std::vector<LayerRead> reads = mlp_layer_reads(ck, cfg, layer, opt);
   for (const LayerRead& r : reads) check_read_or_throw(ck, r, layer);
-  const QuantFormat qf = detect_quant_format(ck, cfg, layer);  // int8 experts in the file
+  const QuantFormat qf = layer_quant_format(ck, cfg, layer);  // int8 experts in the file
   for (const TensorProblem& p : check_quant_experts(ck, cfg, layer, qf, w.expert_begin, w.expert_end, 1))
     throw_error(__FILE__, __LINE__, p.message);
   // Let the disk read this rank's whole share ahead of the copies (cold page cache).
@@ -409,8 +436,20 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
                        !opt.quantize_w8a8 && (!opt.quantize_w4a8 || opt.int4_group == 32) &&
                        gguf::is_q4_0(ck, gate[0]->tensor_read()) && gguf::is_q4_0(ck, up[0]->tensor_read()) &&
                        gguf::is_q4_0(ck, down[0]->tensor_read());
+  // GPTQ / AWQ / compressed-tensors int4 experts stay 4-bit the same way (loader/hf_int4),
+  // unless one of them has an act-order g_idx (or this rank's TP slice cuts a group):
+  // then the layer's experts are dequantised exactly, like any float weight.
+  auto hf_int4_exact = [&] {
+    for (int64_t e = 0; e < n_local; ++e)
+      for (const LayerRead* r : {gate[e], up[e], down[e]})
+        if (!hf_int4::is_int4_weight(ck, r->key) || !hf_int4::int4_exact(ck, r->tensor_read())) return false;
+    return true;
+  };
+  const bool hf4 = opt.gguf_q4_0_as_int4 && !fused_gu && n_local > 0 && qf == QuantFormat::None &&
+                   !opt.quantize_w8a8 && hf_int4::is_int4_weight(ck, gate[0]->key) &&
+                   (!opt.quantize_w4a8 || opt.int4_group == hf_int4::kernel_group(ck)) && hf_int4_exact();
   const DType experts_dtype =
-      opt.quantize_w8a8 || opt.quantize_w4a8 || gguf_q4 || qf != QuantFormat::None ? DType::I8 : opt.compute;
+      opt.quantize_w8a8 || opt.quantize_w4a8 || gguf_q4 || hf4 || qf != QuantFormat::None ? DType::I8 : opt.compute;
   // FP8 block-scaled experts computed in bf16 stay e4m3 in memory: the GEMM dequantises
   // panel by panel (fp8_weights.h); for f32 compute they are dequantised here (load_read).
   const LayerRead* first_gu = fused_gu ? fused_gu : n_local > 0 ? gate[0] : nullptr;
@@ -419,8 +458,8 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   if (fp8) {
     w.w13 = make_packed_fp8(n_local, 2 * Il, H, /*gated=*/true, fp8_slice_block_k(ck, first_gu->tensor_read()));
     w.w2 = make_packed_fp8(n_local, H, Il, /*gated=*/false, fp8_slice_block_k(ck, first_dn->tensor_read()));
-  } else if (opt.quantize_w4a8 || gguf_q4) {
-    const int64_t group = gguf_q4 ? 32 : opt.int4_group;  // Q4_0's block
+  } else if (opt.quantize_w4a8 || gguf_q4 || hf4) {
+    const int64_t group = gguf_q4 ? 32 : hf4 ? hf_int4::kernel_group(ck) : opt.int4_group;  // Q4_0's block
     w.w13 = make_packed_experts_int4(n_local, 2 * Il, H, /*gated=*/true, group);
     w.w2 = make_packed_experts_int4(n_local, H, Il, /*gated=*/false, group);
   } else {
@@ -473,6 +512,11 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
 #pragma omp parallel for schedule(dynamic)
     for (int64_t e = 0; e < n_local; ++e)
       guarded([&] {
+        if (hf4) {
+          hf_int4::pack_expert(ck, w.w13, w.w2, e, gate[e]->tensor_read(), up[e]->tensor_read(),
+                               down[e]->tensor_read());
+          return;
+        }
         if (gguf_q4) {
           MOE_CHECK(gguf::is_q4_0(ck, gate[e]->tensor_read()) && gguf::is_q4_0(ck, up[e]->tensor_read()) &&
                         gguf::is_q4_0(ck, down[e]->tensor_read()),
@@ -515,7 +559,8 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
     const MlpKeys mk = mlp_keys(cfg, layer, &ck);
     w.shared = shared[0]->int8 ? load_int8_gated_mlp(ck, cfg, layer, mk.shared_prefix.substr(fmt::format("model.layers.{}.", layer).size()),
                                                      cfg.shared_intermediate_size)
-                               : load_gated(ck, *shared[0], *shared[1], *shared[2], cfg.act, opt.compute);
+                               : load_gated(ck, *shared[0], *shared[1], *shared[2], cfg.act, opt.compute,
+                                            opt.gguf_q4_0_as_int4);
     if (sgate) w.shared_gate = load_read(ck, *sgate, DType::F32).reshape({H});
   }
   // A fault on one tensor's first page maps the neighbouring cached pages too (the
@@ -537,7 +582,7 @@ GatedMlpWeights load_dense_mlp(const Checkpoint& ck, const MoeConfig& cfg, int64
   const std::vector<LayerRead> reads = mlp_layer_reads(ck, cfg, layer, opt);
   for (const LayerRead& r : reads) check_read_or_throw(ck, r, layer);
   if (reads[0].int8) return load_int8_gated_mlp(ck, cfg, layer, "mlp", cfg.dense_intermediate_size);
-  return load_gated(ck, reads[0], reads[1], reads[2], cfg.act, opt.compute);
+  return load_gated(ck, reads[0], reads[1], reads[2], cfg.act, opt.compute, opt.gguf_q4_0_as_int4);
 }
 
 GatedMlpWeights load_dense_mlp(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, DType compute) {

@@ -44,7 +44,10 @@ struct MlpLoadOptions {
   // Routed experts stored as GGUF Q4_0 load into W4A8 with groups of 32, exactly
   // (loader/gguf/gguf_experts.h), unless another form is asked for (--quantize w8a8, or
   // w4a8 with groups of 64 or 128: dequantised, then quantised again). false: they are
-  // dequantised to `compute` like any float weight (f32 holds them exactly).
+  // dequantised to `compute` like any float weight (f32 holds them exactly). The same
+  // flag keeps GPTQ / AWQ / compressed-tensors int4 weights (loader/hf_int4/hf_int4.h) in
+  // int4 with the checkpoint's groups (32, 64 or 128; w8a8, or w4a8 with another group:
+  // dequantised exactly, then quantised again); false: dequantised exactly to `compute`.
   bool gguf_q4_0_as_int4 = true;
   int64_t expert_begin = 0;    // routed experts to load: [begin, end)
   int64_t expert_end = -1;     // -1: all experts
@@ -111,7 +114,8 @@ struct TensorProblem {
 };
 // The problem with tensor `key`, if any (headers only): missing, another shape than
 // `expected`, or a dtype the loaders cannot read (f32, bf16, f16; f8_e4m3 with its
-// block scales "<key>_scale_inv" when `fp8_ok`). Messages name the key, the layer (when
+// block scales "<key>_scale_inv" when `fp8_ok`; int4 tensors in place of a missing key,
+// loader/hf_int4/hf_int4.h int4_problem). Messages name the key, the layer (when
 // >= 0), the file and both shapes.
 std::optional<TensorProblem> tensor_problem(const Checkpoint& ck, const std::string& key, const Shape& expected,
                                             int64_t layer, bool fp8_ok = true);

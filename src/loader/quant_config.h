@@ -10,11 +10,21 @@
 //                  publish it: e4m3 weights, one f32/bf16 "weight_scale_inv" per
 //                  weight_block_size [rows, cols] block (default [128, 128]), dynamic
 //                  activations (the engine computes activations in bf16: weight-only)
+//   "gptq"         GPTQ int4 (AutoGPTQ / GPTQModel): bits 4, group_size (-1: one group
+//                  per output channel), sym, desc_act, checkpoint_format "gptq" (v1:
+//                  qzeros hold zero - 1) or "gptq_v2"
+//   "awq"          AutoAWQ int4, version "gemm", zero_point true: bits 4, group_size
+//   "compressed-tensors"  format "pack-quantized", weights num_bits 4, type "int",
+//                  strategy "group" (group_size) or "channel", symmetric or not, no
+//                  input activation scheme (W4A16); every config group the same
+// The int4 methods are read by loader/hf_int4/hf_int4.h.
 // Anything else (a method we do not implement, "fmt": "e5m2", static FP8 activation
-// scales) is an error naming the field, not a silent float load of quantised codes.
+// scales, 8-bit GPTQ) is an error naming the field, not a silent float load of
+// quantised codes.
 //
-// modules_to_not_convert (transformers) and ignored_layers (vLLM, compressed-tensors)
-// list modules left in float; `ignores(module)` matches an entry on whole dotted
+// modules_to_not_convert (transformers, AWQ), ignored_layers (vLLM) and ignore
+// (compressed-tensors; an entry "re:<regex>" matches whole module names by ECMAScript
+// regex) list modules left in float; `ignores(module)` matches an entry on whole dotted
 // components ("lm_head" matches "lm_head"; "model.layers.0.mlp.gate" matches itself and
 // anything under it; "gate" matches "model.layers.0.mlp.gate" but not
 // "model.layers.0.mlp.gate_proj"), so the loaders can refuse an F8 tensor the config
@@ -30,13 +40,21 @@
 namespace moe {
 
 struct QuantConfig {
-  enum class Method { None, Fp8 };
+  enum class Method { None, Fp8, Gptq, Awq, CompressedTensors };
   Method method = Method::None;
   std::string method_name;                   // as written ("fp8"), empty when absent
   int64_t block_n = 128, block_k = 128;      // FP8 weight_block_size: rows, cols
-  std::vector<std::string> not_converted;    // modules_to_not_convert + ignored_layers
+  std::vector<std::string> not_converted;    // modules_to_not_convert + ignored_layers + ignore
+  // The int4 methods (GPTQ, AWQ, compressed-tensors pack-quantized):
+  int64_t group_size = 0;                    // k values per scale; -1: one per output channel
+  bool sym = true;                           // no stored zero points (GPTQ stores 8 anyway)
+  bool desc_act = false;                     // GPTQ act-order (g_idx decides the groups)
+  bool gptq_v1 = true;                       // GPTQ checkpoint_format "gptq": qzeros hold zero - 1
 
   bool fp8() const { return method == Method::Fp8; }
+  bool int4() const {
+    return method == Method::Gptq || method == Method::Awq || method == Method::CompressedTensors;
+  }
   // True when `module` (a dotted module name, e.g. "model.layers.3.self_attn.q_proj")
   // is listed, on whole components, in not_converted.
   bool ignores(const std::string& module) const;

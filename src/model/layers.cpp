@@ -8,6 +8,7 @@
 #include "kernels/quant.h"
 #include "loader/fp8_weights.h"
 #include "loader/gguf/gguf_experts.h"
+#include "loader/hf_int4/hf_int4.h"
 
 namespace moe {
 
@@ -31,6 +32,7 @@ TensorRead norm_read(const std::string& prefix, int64_t n, int64_t layer) {
 }
 
 Tensor load_f32(const Checkpoint& ck, const TensorRead& r) {
+  if (hf_int4::is_int4_weight(ck, r.key)) return hf_int4::dequantize(ck, r);  // exact (loader/hf_int4)
   if (is_fp8_weight(ck, r.key)) return dequantize_fp8(load_fp8_slice(ck, r), DType::F32);  // exact products
   return load_sharded(ck, r, DType::F32);
 }
@@ -47,7 +49,24 @@ Linear make_linear(const Tensor& w, DType compute, const Tensor& bias) {
 Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute, bool gguf_q4_0_as_int4) {
   const Tensor bias = r.bias ? load_f32(ck, *r.bias) : Tensor();
   Linear l;
-  if (gguf_q4_0_as_int4 && gguf::is_q4_0(ck, r.weight)) {
+  if (hf_int4::is_int4_weight(ck, r.weight.key)) {
+    // GPTQ / AWQ / compressed-tensors int4: stays int4 with the checkpoint's groups, or is
+    // dequantised exactly (loader/hf_int4/hf_int4.h; also an act-order g_idx, or a TP
+    // slice that cuts a group).
+    std::optional<std::vector<int64_t>> order;  // act-order: the input columns sorted by group
+    if (gguf_q4_0_as_int4 && (hf_int4::int4_exact(ck, r.weight) || (order = hf_int4::act_order(ck, r.weight)))) {
+      const hf_int4::Int4Slice s = hf_int4::read_slice(ck, r.weight, order ? &*order : nullptr);
+      l.w = make_packed_experts_int4(1, s.u.dim(0), s.u.dim(1), /*gated=*/false, hf_int4::kernel_group(ck));
+      pack_expert_q4(l.w, 0, s.u, s.zero, s.scale);
+      if (order) {
+        l.in_perm = Tensor::empty({static_cast<int64_t>(order->size())}, DType::I32);
+        for (size_t j = 0; j < order->size(); ++j) l.in_perm.data<int32_t>()[j] = static_cast<int32_t>((*order)[j]);
+      }
+      l.bias = bias;
+    } else {
+      l = make_linear(hf_int4::dequantize(ck, r.weight), compute, bias);
+    }
+  } else if (gguf_q4_0_as_int4 && gguf::is_q4_0(ck, r.weight)) {
     const ShardPlan p = plan_shard(r.weight);
     MOE_CHECK(p.out_shape.size() == 2, "tensor '{}': a linear layer's weight must be a matrix, got {}", r.weight.key,
               shape_str(p.out_shape));
@@ -83,6 +102,15 @@ void linear_forward(const Linear& l, const float* x, int64_t T, float* y, Linear
   const int64_t K = l.n_in(), N = l.n_out();
   if (ldx == 0) ldx = K;
   if (ldy == 0) ldy = N;
+  if (l.in_perm.defined()) {  // act-order int4: the input in the weight's column order
+    if (!s.x.defined() || s.x.numel() < T * K) s.x = Tensor::empty({T * K}, DType::F32);
+    const int32_t* p = l.in_perm.data<int32_t>();
+    float* xp = s.x.data<float>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) xp[t * K + j] = x[t * ldx + p[j]];
+    x = xp;
+    ldx = K;
+  }
   const void* a = x;
   int64_t lda = ldx;
   if (l.w.dtype == DType::I8) {

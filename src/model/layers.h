@@ -66,6 +66,9 @@ struct Linear {
   // dequantised inside the GEMM; loader/fp8_weights.h).
   PackedExperts w;
   Tensor bias;      // f32 [out_local], or undefined
+  // I32 [in_local]: column j of w reads input column in_perm[j] (an act-order GPTQ weight
+  // held in int4 with its columns sorted by group: loader/hf_int4/hf_int4.h), or undefined.
+  Tensor in_perm;
   int64_t n_out() const { return w.n; }
   int64_t n_in() const { return w.k; }
 };
@@ -73,7 +76,10 @@ struct Linear {
 // bf16 compute keeps an FP8 block-scaled weight as e4m3; f32 compute dequantises it.
 // gguf_q4_0_as_int4: a GGUF Q4_0 weight becomes a W4A8 int4 linear with groups of 32,
 // exactly (loader/gguf/gguf_experts.h; int8 inputs per token, as W8A8's), whatever
-// `compute`; otherwise it is dequantised like any float weight.
+// `compute`; otherwise it is dequantised like any float weight. The same flag keeps a
+// GPTQ / AWQ / compressed-tensors int4 weight ("<m>.qweight" / "<m>.weight_packed" in
+// place of "<m>.weight": loader/hf_int4/hf_int4.h) in int4 with its own groups; false
+// dequantises it exactly.
 Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute, bool gguf_q4_0_as_int4 = false);
 // Packs an [out, in] matrix of f32, bf16 or f16 (any row stride: e.g. a view of the
 // checkpoint; tests, tied lm_head).
@@ -82,6 +88,7 @@ Linear make_linear(const Tensor& w, DType compute, const Tensor& bias = {});
 // Grows-only scratch for the bf16 copy (or the Q8 rows) of a projection's input. Not thread-safe.
 struct LinearScratch {
   Tensor a;
+  Tensor x;  // the input gathered in in_perm's order
 };
 // y[T, out] f32 = x[T, in] f32 . W^T (+ bias). ldx/ldy: elements between rows (0: dense).
 void linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s, int64_t ldx = 0,

@@ -205,7 +205,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
       L.gqa = std::make_unique<GqaAttention>(ck, c, ak, linear_dt, tp_rank, tp, q4_linears);
     progress.advance(lb.layer[l]);
     if (!c.moe.is_moe_layer(l)) {
-      L.dense = load_dense_mlp(ck, c.moe, l, opt.dtype);
+      MlpLoadOptions dl;
+      dl.compute = opt.dtype;
+      dl.gguf_q4_0_as_int4 = opt.gguf_q4_0_as_int4;  // an int4 (GPTQ, AWQ, ...) dense MLP
+      L.dense = load_dense_mlp(ck, c.moe, l, dl);
       progress.advance(lb.mlp[l]);
       continue;
     }

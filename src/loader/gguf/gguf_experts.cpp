@@ -82,15 +82,7 @@ bool is_q4_0(const Checkpoint& ck, const TensorRead& r) {
 void pack_q4_0_expert(const Checkpoint& ck, PackedExperts& w13, PackedExperts& w2, int64_t e, const TensorRead& gate,
                       const TensorRead& up, const TensorRead& down) {
   const Q4Slice g = read_slice(ck, gate), u = read_slice(ck, up), d = read_slice(ck, down);
-  // w13 is gate rows then up rows: stack the two slices.
-  auto stack = [](const Tensor& a, const Tensor& b) {
-    Tensor t = Tensor::empty({a.dim(0) + b.dim(0), a.dim(1)}, a.dtype());
-    std::memcpy(t.raw(), a.raw(), a.nbytes());
-    std::memcpy(static_cast<char*>(t.raw()) + a.nbytes(), b.raw(), b.nbytes());
-    return t;
-  };
-  pack_expert_q4(w13, e, stack(g.u, u.u), stack(g.zero, u.zero), stack(g.scale, u.scale));
-  pack_expert_q4(w2, e, d.u, d.zero, d.scale);
+  pack_gated_expert_q4(w13, w2, e, {g.u, g.zero, g.scale}, {u.u, u.zero, u.scale}, {d.u, d.zero, d.scale});
 }
 
 void pack_q4_0_matrix(const Checkpoint& ck, PackedExperts& w, int64_t e, const TensorRead& r) {
