@@ -5,6 +5,10 @@
 # mpirun --ep 2; then `moe-ep generate` of 16 prompts of the same length as one batch,
 # the scheduler-free baseline for the server's output tokens/s at concurrency 16.
 #   tools/bench_serve.sh [OUT_DIR]     (env: BIN, DIR, P, N, CONC, R, RANKS)
+# AGENT_TURNS=T (TURN_TOKENS=K, default 1024) runs the agent replay instead, on 1 rank:
+# one conversation resent whole every turn, growing by K random ids a turn, the time to
+# first token from the prefix cache against the whole history cold and the new tokens
+# alone (`moe-ep bench-serve --agent-turns`; context T * K + N, so --max-model-len fits).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/moe-ep}; DIR=${DIR:-/tmp/q3serve}; OUT=${1:-bench-results/serve}
@@ -18,6 +22,20 @@ if [ ! -f "$DIR/config.json" ]; then
 fi
 lscpu | grep -E "Model name|^CPU\(s\)" | tee "$OUT/machine.txt"
 uptime | tee -a "$OUT/machine.txt"
+if [ -n "${AGENT_TURNS:-}" ]; then
+  K=${TURN_TOKENS:-1024}
+  "$BIN" serve --model "$DIR" --dtype bf16 --port 0 --served-model-name q3 --max-model-len $((AGENT_TURNS * K + N + 16)) \
+    --max-num-seqs 4 --max-batch-tokens 512 2> "$OUT/serve_agent.log" &
+  SPID=$!
+  for _ in $(seq 1200); do grep -q 'on http://' "$OUT/serve_agent.log" && break; sleep 0.1; done
+  URL=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/serve_agent.log" | head -1)
+  rc=0
+  "$BIN" bench-serve --url "$URL" --agent-turns "$AGENT_TURNS" --turn-tokens "$K" --output-len "$N" --timeout 3600 \
+    --token-range 1,1001 --output-json "$OUT/agent.json" | tee "$OUT/agent.txt" || rc=$?
+  curl -s "$URL/metrics" > "$OUT/metrics_agent.txt"
+  kill -TERM "$SPID"; wait "$SPID" || true
+  exit "$rc"
+fi
 for ranks in $RANKS; do
   if [ "$ranks" = 1 ]; then launch=(); else launch=(mpirun -np "$ranks" --oversubscribe); fi
   "${launch[@]}" "$BIN" serve --model "$DIR" --dtype bf16 --port 0 --served-model-name q3 --ep "$ranks" \
