@@ -17,10 +17,13 @@
 #include "kernels/grouped_gemm_int4.h"
 #include "loader/checkpoint.h"
 #include "loader/hf_int4/hf_int4.h"
+#include "loader/inventory.h"
 #include "loader/moe_weights.h"
 #include "loader/quant_config.h"
 #include "model/layers.h"
 #include "model/model.h"
+#include "model/registry.h"
+#include "model/weights.h"
 #include "moe/config.h"
 #include "runtime/generate.h"
 #include "test_model_util.h"
@@ -322,6 +325,30 @@ TEST(HfInt4Model, DequantisedLoadGivesTheReferenceLogits) {
 
 // In int4 (the default) every attention projection and expert is int4 with the file's
 // values: only their int8-rounded inputs differ from the f32 reference.
+// `moe-ep inspect`'s checks and read plan: every int4 tensor belongs to a weight the
+// model reads (none unexpected), and a rank's plan counts the int4 bytes it reads: on
+// one rank all the file's tensor bytes, under --ep 2 the experts split between ranks.
+TEST(HfInt4Loader, InspectKnowsEveryInt4TensorAndItsBytes) {
+  for (const std::string& name : kVariants) {
+    SCOPED_TRACE(name);
+    const Checkpoint ck = Checkpoint::open(kDir + name);
+    const ModelConfig c = model_config_from_hf(ck.config());
+    for (const TensorProblem& p : check_checkpoint(ck, c.moe, model_reads(c, 0, 1))) ADD_FAILURE() << p.message;
+    const Inventory inv = take_inventory(ck);
+    auto reads = [&](int tp_rank, int tp) { return model_reads(c, tp_rank, tp); };
+    const std::vector<RankPlan> one = read_plan(ck, c.moe, inv, 1, 1, DType::F32, reads);
+    ASSERT_EQ(one.size(), 1u);
+    EXPECT_EQ(one[0].non_expert_bytes + one[0].expert_bytes, inv.tensor_bytes);
+    const std::vector<RankPlan> two = read_plan(ck, c.moe, inv, 2, 1, DType::F32, reads);
+    ASSERT_EQ(two.size(), 2u);
+    EXPECT_EQ(two[0].expert_bytes + two[1].expert_bytes, one[0].expert_bytes);
+    EXPECT_GT(two[0].expert_bytes, 0u);
+    // Held as int4: half a byte per weight plus a 5-byte (scale, zero point) per group.
+    const uint64_t weights = 3 * c.moe.n_experts * c.moe.moe_intermediate_size * c.moe.hidden_size * c.moe.n_layers;
+    EXPECT_EQ(one[0].resident_expert_bytes, weights / 2 + weights / hf_int4::kernel_group(ck) * 5);
+  }
+}
+
 TEST(HfInt4Model, Int4ModelNearTheReference) {
   for (const std::string& name : kVariants) {
     SCOPED_TRACE(name);

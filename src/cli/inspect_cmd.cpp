@@ -124,7 +124,8 @@ int run_inspect(const InspectOptions& o) {
     fmt::print("    {:<16} {:>8} {:>14} {:>6.1f}%\n", tensor_kind_name(kind), t.count, gb(t.bytes),
                inv.tensor_bytes ? 100.0 * t.bytes / inv.tensor_bytes : 0.0);
   fmt::print("  read plan for --ep {} --tp {} ({} rank{}; attention heads and each expert's I split over --tp, the "
-             "other non-expert tensors replicated; experts at --dtype {} in memory):\n",
+             "other non-expert tensors replicated; experts at --dtype {} in memory, int4 ones (GPTQ, AWQ, "
+             "compressed-tensors, GGUF Q4_0) in int4):\n",
              o.ep, o.tp, plans.size(), plans.size() == 1 ? "" : "s", dtype_name(compute));
   fmt::print("    {:>4} {:>3} {:>3} {:>12} {:>12} {:>12} {:>12} {:>7} {:>14}\n", "rank", "ep", "tp", "experts",
              "non-expert", "experts", "read", "of file", "expert memory");

@@ -6,6 +6,8 @@
 #include <unordered_set>
 
 #include "core/check.h"
+#include "loader/gguf/gguf_experts.h"
+#include "loader/hf_int4/hf_int4.h"
 #include "loader/scales.h"
 
 namespace moe {
@@ -111,14 +113,22 @@ std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, cons
     opt.tp_size = tp;
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
       bool fp8 = false;  // FP8 experts computed in bf16 stay e4m3: 1 byte per weight
+      int64_t int4_group = 0;  // int4 experts (GPTQ / AWQ / compressed-tensors, GGUF Q4_0) stay int4
       for (const LayerRead& rd : mlp_layer_reads(ck, cfg, l, opt)) {
         (is_expert(rd.role) ? p.expert_bytes : p.non_expert_bytes) += read_bytes(ck, rd.tensor_read());
-        fp8 |= is_expert(rd.role) && ck.has(rd.key) && ck.info(rd.key).dtype == DType::F8E4M3;
+        if (!is_expert(rd.role)) continue;
+        fp8 |= ck.has(rd.key) && ck.info(rd.key).dtype == DType::F8E4M3;
+        if (hf_int4::is_int4_weight(ck, rd.key)) int4_group = hf_int4::kernel_group(ck);
+        else if (gguf::is_q4_0(ck, rd.tensor_read())) int4_group = 32;
       }
-      if (cfg.is_moe_layer(l))
-        p.resident_expert_bytes += static_cast<uint64_t>(p.expert_end - p.expert_begin) * 3 *
-                                   static_cast<uint64_t>(cfg.moe_intermediate_size / tp) * cfg.hidden_size *
-                                   (fp8 && compute == DType::BF16 ? 1 : dtype_size(compute));
+      if (cfg.is_moe_layer(l)) {
+        const uint64_t weights = static_cast<uint64_t>(p.expert_end - p.expert_begin) * 3 *
+                                 static_cast<uint64_t>(cfg.moe_intermediate_size / tp) * cfg.hidden_size;
+        // int4: half a byte per weight plus an f32 scale and a u8 zero point per group
+        // (kernels/grouped_gemm_int4.h; its panel padding aside).
+        p.resident_expert_bytes += int4_group > 0 ? weights / 2 + weights / int4_group * 5
+                                                  : weights * (fp8 && compute == DType::BF16 ? 1 : dtype_size(compute));
+      }
     }
     plans.push_back(p);
   }
@@ -161,6 +171,8 @@ std::vector<TensorProblem> check_checkpoint(const Checkpoint& ck, const MoeConfi
   }
   for (const std::string& k : keys) {
     if (read.count(k)) continue;
+    // The int4 tensors of a GPTQ / AWQ / compressed-tensors weight the model reads.
+    if (hf_int4::is_int4_key(k) && read.count(hf_int4::weight_key_of(k))) continue;
     const int64_t l = layer_of_key(k);
     if (l >= cfg.n_layers && l < cfg.n_layers + cfg.n_mtp_layers) continue;  // MTP: known, skipped (mtp_layer_keys)
     if (l >= cfg.n_layers) {

@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "loader/gguf/gguf_types.h"
+#include "loader/hf_int4/hf_int4.h"
 
 namespace moe {
 
@@ -190,6 +193,15 @@ std::vector<int64_t> shard_index_map(const std::string& key, const Shape& full, 
 ShardPlan plan_shard(const TensorRead& r) { return plan_shard(r.key, r.shape, r.rule, r.rank, r.size); }
 
 uint64_t read_bytes(const Checkpoint& ck, const TensorRead& r) {
+  if (hf_int4::is_int4_weight(ck, r.key)) {
+    // GPTQ / AWQ / compressed-tensors: the slice's share of the module's int4 tensors
+    // (codes, zero points, scales), as many bytes per weight as the whole module has.
+    uint64_t numel = 1;
+    for (int64_t d : r.shape) numel *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
+    if (numel == 0) return 0;
+    const long double share = static_cast<long double>(plan_shard(r).elems_read()) / numel;
+    return static_cast<uint64_t>(share * hf_int4::stored_bytes(ck, r.key));
+  }
   if (!ck.has(r.key)) return 0;
   const TensorInfo& info = ck.info(r.key);
   if (info.shape != r.shape) return 0;

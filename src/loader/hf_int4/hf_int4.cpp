@@ -328,6 +328,14 @@ bool is_int4_key(const std::string& key) {
   return false;
 }
 
+uint64_t stored_bytes(const Checkpoint& ck, const std::string& weight_key) {
+  const std::string m = module_of_weight(weight_key);
+  uint64_t n = 0;
+  for (const char* suffix : kSuffixes)
+    if (ck.has(m + suffix)) n += ck.info(m + suffix).nbytes;
+  return n;
+}
+
 std::string weight_key_of(const std::string& key) {
   for (const char* s : kSuffixes)
     if (key.ends_with(s)) return key.substr(0, key.size() - std::char_traits<char>::length(s)) + ".weight";

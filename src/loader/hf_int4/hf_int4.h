@@ -68,6 +68,9 @@ bool is_int4_weight(const Checkpoint& ck, const std::string& weight_key);
 // ".weight_shape", ".weight_g_idx"); weight_key_of gives "<m>.weight" for them.
 bool is_int4_key(const std::string& key);
 std::string weight_key_of(const std::string& int4_key);
+// The bytes the checkpoint stores for int4 weight "<m>.weight": codes, zero points,
+// scales and group indices together (inspect's read plan counts a slice's share of them).
+uint64_t stored_bytes(const Checkpoint& ck, const std::string& weight_key);
 
 // The kernel group of the checkpoint's int4 weights (32, 64 or 128).
 int64_t kernel_group(const Checkpoint& ck);
