@@ -119,6 +119,12 @@ TEST(HfInt4Config, ParsesGptqAwqAndCompressedTensors) {
       {with([](json& q) { q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}}; }),
        "input_activations is set"},
       {with([](json& q) { q.erase("config_groups"); }), "config_groups must be"},
+      // Module regexes a backtracking matcher could spend forever on, or that do not compile.
+      {with([](json& q) { q["ignore"] = {"re:(a*)*b"}; }), "a quantified group"},
+      {with([](json& q) { q["ignore"] = {"re:.*.*.*.*.*x"}; }), "has 5 quantifiers"},
+      {with([](json& q) { q["ignore"] = {"re:(a)\\1"}; }), "a backreference"},
+      {with([](json& q) { q["ignore"] = {"re:" + std::string(300, 'a')}; }), "300 characters long"},
+      {with([](json& q) { q["ignore"] = {"re:[a-"}; }), "is not a valid regex"},
   };
   for (const auto& [q, want] : bad) {
     const std::string msg = error_of([&] { parse_quant_config(cfg(q)); });

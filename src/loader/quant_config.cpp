@@ -1,5 +1,7 @@
 #include "loader/quant_config.h"
 
+#include <fmt/format.h>
+
 #include <regex>
 
 #include "core/check.h"
@@ -8,6 +10,39 @@
 namespace moe {
 
 namespace {
+
+// A compressed-tensors "re:<regex>" entry, before anything matches with it. std::regex
+// backtracks: a hostile pattern ("re:(a*)*b", ".*.*.*.*.*.*x") would take exponential or
+// high-polynomial time on a module name, and deep nesting recurses in its compiler. The
+// entries real checkpoints carry are short ("re:.*lm_head", "re:.*mlp\\.gate$"): at most 256
+// characters, at most 4 quantifiers, none on a group, no backreference, and it compiles.
+void check_module_regex(const char* field, const std::string& e) {
+  const std::string r = e.substr(3);
+  const std::string where =
+      fmt::format("config.json: quantization_config.{} entry {}", field, json_brief(nlohmann::json(e)));
+  MOE_CHECK(r.size() <= 256, "{} is {} characters long; a module regex may have at most 256", where, r.size());
+  int quantifiers = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    const char c = r[i];
+    if (c == '\\') {
+      MOE_CHECK(i + 1 < r.size() && !(r[i + 1] >= '1' && r[i + 1] <= '9'), "{}: a backreference or a trailing '\\' "
+                "is not supported in a module regex", where);
+      ++i;
+      continue;
+    }
+    if (c == '*' || c == '+' || c == '?' || c == '{') {
+      ++quantifiers;
+      MOE_CHECK(i == 0 || r[i - 1] != ')', "{}: a quantified group (')' followed by '{}') is not supported in a "
+                "module regex (it can take exponential time)", where, c);
+    }
+  }
+  MOE_CHECK(quantifiers <= 4, "{} has {} quantifiers; a module regex may have at most 4", where, quantifiers);
+  try {
+    std::regex compiled(r);
+  } catch (const std::regex_error& err) {
+    MOE_FAIL("{} is not a valid regex: {}", where, err.what());
+  }
+}
 
 // A string list field: absent or null gives nothing; anything else must be strings.
 void read_list(const nlohmann::json& q, const char* field, std::vector<std::string>& out) {
@@ -18,7 +53,9 @@ void read_list(const nlohmann::json& q, const char* field, std::vector<std::stri
   for (const auto& s : v) {
     MOE_CHECK(s.is_string(), "config.json: quantization_config.{} must hold module names (strings), got {}", field,
               json_brief(s));
-    if (!s.get<std::string>().empty()) out.push_back(s.get<std::string>());
+    const std::string e = s.get<std::string>();
+    if (e.starts_with("re:")) check_module_regex(field, e);
+    if (!e.empty()) out.push_back(e);
   }
 }
 
@@ -148,8 +185,8 @@ bool QuantConfig::ignores(const std::string& module) const {
   const std::string m = "." + module + ".";
   for (const std::string& e : not_converted) {
     if (e.starts_with("re:")) {
-      // compressed-tensors' regex entries match the whole module name; a broken regex
-      // matches nothing rather than failing every lookup.
+      // compressed-tensors' regex entries match the whole module name (checked when
+      // parsed: check_module_regex).
       try {
         if (std::regex_match(module, std::regex(e.substr(3)))) return true;
       } catch (const std::regex_error&) {
