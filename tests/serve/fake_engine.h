@@ -217,9 +217,13 @@ class FakeEngine : public Engine {
     if (f == Finish::length || f == Finish::stop) s.append_text(ts.finish().text);
     if (f == Finish::cancelled) ++cancelled;
     else ++completed;
+    {
+      // Before the finish: a client that has its answer must see the engine idle
+      // (HttpServer.MetricsParseAndCount reads the gauge right after the last request).
+      std::lock_guard lk(mu_);
+      --active_;
+    }
     s.finish(f, f == Finish::error ? "rank 1 stopped answering" : "");
-    std::lock_guard lk(mu_);
-    --active_;
   }
 
   int64_t max_model_len_;
