@@ -19,19 +19,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "fuzz_assert.h"
 #include "loader/quant_config.h"
 #include "model/registry.h"
 #include "moe/config.h"
 
 namespace {
-
-#define FUZZ_ASSERT(cond)                                           \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      fprintf(stderr, "fuzz_config: broken promise: %s\n", #cond); \
-      __builtin_trap();                                             \
-    }                                                               \
-  } while (0)
 
 void quant(const nlohmann::json& j) {
   moe::QuantConfig q;
@@ -42,10 +35,13 @@ void quant(const nlohmann::json& j) {
   }
   FUZZ_ASSERT(q.fp8() == (q.method_name == "fp8"));
   FUZZ_ASSERT(q.block_n > 0 && q.block_k > 0 && q.block_n <= (1 << 20) && q.block_k <= (1 << 20));
+  size_t regexes = 0;
   for (const std::string& e : q.not_converted) {
     FUZZ_ASSERT(!e.empty());
-    FUZZ_ASSERT(q.ignores(e));  // an entry matches itself, on whole components
+    if (e.starts_with("re:")) ++regexes;  // a pattern, compiled once (not_converted_re)
+    else FUZZ_ASSERT(q.ignores(e));       // a name matches itself, on whole components
   }
+  FUZZ_ASSERT(q.not_converted_re.size() == regexes);
   for (const char* key : {"lm_head.weight", "model.layers.0.mlp.gate.weight", "model.layers.0.mlp.gate_proj.weight",
                           "model.layers.1.mlp.experts.gate_up_proj", ""})
     (void)q.ignores(moe::module_of(key));

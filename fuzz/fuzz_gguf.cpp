@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "fuzz_assert.h"
 #include "loader/gguf/gguf_checkpoint.h"
 #include "loader/gguf/gguf_file.h"
 #include "loader/gguf/gguf_tokenizer.h"
@@ -35,14 +36,6 @@
 namespace {
 
 using namespace moe::gguf;
-
-#define FUZZ_ASSERT(cond)                                            \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      fprintf(stderr, "fuzz_gguf: broken promise: %s\n", #cond);     \
-      __builtin_trap();                                              \
-    }                                                                \
-  } while (0)
 
 // Reads every element of a value (so ASan checks each lies inside the buffer).
 uint64_t walk(const Value& v) {

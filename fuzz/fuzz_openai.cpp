@@ -17,6 +17,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "fuzz_assert.h"
 #include "serve/openai.h"
 #include "serve/parsers/detect.h"
 #include "text/chat_template.h"
@@ -30,14 +31,6 @@ namespace {
 
 using moe::serve::Api;
 using moe::serve::ServeError;
-
-#define FUZZ_ASSERT(cond)                                                \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      fprintf(stderr, "fuzz_openai: broken promise: %s\n", #cond);       \
-      __builtin_trap();                                                  \
-    }                                                                    \
-  } while (0)
 
 struct Served {
   std::unique_ptr<moe::text::Tokenizer> tok;

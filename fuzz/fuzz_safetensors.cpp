@@ -21,18 +21,10 @@
 #include <vector>
 
 #include "core/check.h"
+#include "fuzz_assert.h"
 #include "loader/safetensors.h"
 
 namespace {
-
-// __builtin_trap with the reason on stderr, so a finding says which promise broke.
-#define FUZZ_ASSERT(cond)                                             \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      fprintf(stderr, "fuzz_safetensors: broken promise: %s\n", #cond); \
-      __builtin_trap();                                               \
-    }                                                                 \
-  } while (0)
 
 // A read of every byte of a view, so ASan checks the whole range is inside the buffer.
 uint8_t read_all(const moe::Tensor& t) {

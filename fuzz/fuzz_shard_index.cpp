@@ -23,19 +23,12 @@
 #include <vector>
 
 #include "core/check.h"
+#include "fuzz_assert.h"
 #include "loader/checkpoint.h"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-#define FUZZ_ASSERT(cond)                                               \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      fprintf(stderr, "fuzz_shard_index: broken promise: %s\n", #cond); \
-      __builtin_trap();                                                 \
-    }                                                                   \
-  } while (0)
 
 std::string g_dir;  // the per-process checkpoint directory
 

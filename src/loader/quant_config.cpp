@@ -16,7 +16,7 @@ namespace {
 // high-polynomial time on a module name, and deep nesting recurses in its compiler. The
 // entries real checkpoints carry are short ("re:.*lm_head", "re:.*mlp\\.gate$"): at most 256
 // characters, at most 4 quantifiers, none on a group, no backreference, and it compiles.
-void check_module_regex(const char* field, const std::string& e) {
+std::regex check_module_regex(const char* field, const std::string& e) {
   const std::string r = e.substr(3);
   const std::string where =
       fmt::format("config.json: quantization_config.{} entry {}", field, json_brief(nlohmann::json(e)));
@@ -38,14 +38,14 @@ void check_module_regex(const char* field, const std::string& e) {
   }
   MOE_CHECK(quantifiers <= 4, "{} has {} quantifiers; a module regex may have at most 4", where, quantifiers);
   try {
-    std::regex compiled(r);
+    return std::regex(r);
   } catch (const std::regex_error& err) {
     MOE_FAIL("{} is not a valid regex: {}", where, err.what());
   }
 }
 
 // A string list field: absent or null gives nothing; anything else must be strings.
-void read_list(const nlohmann::json& q, const char* field, std::vector<std::string>& out) {
+void read_list(const nlohmann::json& q, const char* field, QuantConfig& c) {
   if (!q.contains(field) || q[field].is_null()) return;
   const auto& v = q[field];
   MOE_CHECK(v.is_array(), "config.json: quantization_config.{} must be a list of module names, got {}", field,
@@ -54,8 +54,8 @@ void read_list(const nlohmann::json& q, const char* field, std::vector<std::stri
     MOE_CHECK(s.is_string(), "config.json: quantization_config.{} must hold module names (strings), got {}", field,
               json_brief(s));
     const std::string e = s.get<std::string>();
-    if (e.starts_with("re:")) check_module_regex(field, e);
-    if (!e.empty()) out.push_back(e);
+    if (e.starts_with("re:")) c.not_converted_re.push_back(check_module_regex(field, e));
+    if (!e.empty()) c.not_converted.push_back(e);
   }
 }
 
@@ -183,18 +183,11 @@ void parse_compressed_tensors(const nlohmann::json& q, QuantConfig& c) {
 
 bool QuantConfig::ignores(const std::string& module) const {
   const std::string m = "." + module + ".";
-  for (const std::string& e : not_converted) {
-    if (e.starts_with("re:")) {
-      // compressed-tensors' regex entries match the whole module name (checked when
-      // parsed: check_module_regex).
-      try {
-        if (std::regex_match(module, std::regex(e.substr(3)))) return true;
-      } catch (const std::regex_error&) {
-      }
-      continue;
-    }
-    if (m.find("." + e + ".") != std::string::npos) return true;
-  }
+  for (const std::string& e : not_converted)
+    if (!e.starts_with("re:") && m.find("." + e + ".") != std::string::npos) return true;
+  // compressed-tensors' regex entries match the whole module name.
+  for (const std::regex& re : not_converted_re)
+    if (std::regex_match(module, re)) return true;
   return false;
 }
 
@@ -222,9 +215,9 @@ QuantConfig parse_quant_config(const nlohmann::json& config) {
       parse_compressed_tensors(q, c);
     else
       parse_gptq_awq(q, c);
-    read_list(q, "modules_to_not_convert", c.not_converted);
-    read_list(q, "ignored_layers", c.not_converted);
-    read_list(q, "ignore", c.not_converted);
+    read_list(q, "modules_to_not_convert", c);
+    read_list(q, "ignored_layers", c);
+    read_list(q, "ignore", c);
     return c;
   }
   MOE_CHECK(c.method_name == "fp8",
@@ -255,8 +248,8 @@ QuantConfig parse_quant_config(const nlohmann::json& config) {
               "config.json: quantization_config.weight_block_size must be positive (and at most 2^20), got {}",
               json_brief(b));
   }
-  read_list(q, "modules_to_not_convert", c.not_converted);
-  read_list(q, "ignored_layers", c.not_converted);
+  read_list(q, "modules_to_not_convert", c);
+  read_list(q, "ignored_layers", c);
   return c;
 }
 

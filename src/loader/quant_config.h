@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,7 @@ struct QuantConfig {
   std::string method_name;                   // as written ("fp8"), empty when absent
   int64_t block_n = 128, block_k = 128;      // FP8 weight_block_size: rows, cols
   std::vector<std::string> not_converted;    // modules_to_not_convert + ignored_layers + ignore
+  std::vector<std::regex> not_converted_re;  // its "re:" entries, compiled once when parsed
   // The int4 methods (GPTQ, AWQ, compressed-tensors pack-quantized):
   int64_t group_size = 0;                    // k values per scale; -1: one per output channel
   bool sym = true;                           // no stored zero points (GPTQ stores 8 anyway)

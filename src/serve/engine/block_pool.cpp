@@ -110,7 +110,8 @@ uint64_t BlockPool::publish(int32_t id, uint64_t key, const int32_t* ids, uint64
   MOE_CHECK(b.ref > 0 && !b.published, "internal: publishing KV block {} that is not held or already published", id);
   auto it = by_key_.find(key);
   if (it != by_key_.end()) {
-    Block& o = blocks_[it->second];
+    const int32_t other = it->second;
+    Block& o = blocks_[other];
     const bool same_prefix = o.parent == parent && (parent != 0 || o.salt == salt) &&
                              std::equal(o.ids.begin(), o.ids.end(), ids, ids + block_size_);
     if (same_prefix) return o.serial;  // computed twice (two requests at once): share the first
@@ -118,8 +119,8 @@ uint64_t BlockPool::publish(int32_t id, uint64_t key, const int32_t* ids, uint64
     // A cached block under the key whose prefix is gone (its predecessor was evicted
     // and computed again, under a new serial) or collides: it can never match again.
     lru_.erase(o.in_lru);
-    forget(it->second);
-    free_.push_back(static_cast<int32_t>(&o - blocks_.data()));
+    forget(other);
+    free_.push_back(other);
   }
   b.published = true;
   b.key = key;
