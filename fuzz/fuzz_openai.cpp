@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "fuzz_assert.h"
@@ -73,6 +74,7 @@ void check_request(const moe::serve::ApiRequest& r, const moe::serve::ModelConte
   FUZZ_ASSERT(p.top_logprobs >= -1 && p.top_logprobs <= 20);
   for (const std::string& s : p.stop) FUZZ_ASSERT(!s.empty());
   FUZZ_ASSERT(p.cache_salt.size() <= 256);
+  FUZZ_ASSERT(r.n >= 1 && r.n <= moe::serve::kMaxChoices);
 
   // The responses for a reply with markup, whole and streamed in 5-byte pieces.
   const moe::serve::ResponseMeta meta{"chatcmpl-fuzz", 1, m.name};
@@ -80,12 +82,18 @@ void check_request(const moe::serve::ApiRequest& r, const moe::serve::ModelConte
   out.text = kReply;
   out.finish = moe::serve::Finish::stop;
   out.completion_tokens = 9;
-  (void)moe::serve::dump_json(moe::serve::response_json(r, meta, out, *m.tokenizer));
+  const moe::serve::Json whole =
+      moe::serve::response_json(r, meta, std::vector<moe::serve::Output>(size_t(r.n), out), *m.tokenizer);
+  FUZZ_ASSERT(whole["choices"].size() == size_t(r.n));
+  (void)moe::serve::dump_json(whole);
+  // The choices' pieces interleaved, as a stream of n choices sends them.
   moe::serve::ChunkWriter w(r, meta, *m.tokenizer);
   std::string sse = w.start();
   const std::string reply = kReply;
-  for (size_t i = 0; i < reply.size(); i += 5) sse += w.delta(moe::serve::Delta{reply.substr(i, 5), {}});
-  sse += w.end(moe::serve::Finish::length, 9, 3);
+  for (size_t i = 0; i < reply.size(); i += 5)
+    for (int c = 0; c < r.n; ++c) sse += w.delta(moe::serve::Delta{reply.substr(i, 5), {}}, c);
+  for (int c = 0; c < r.n; ++c) sse += w.finish(moe::serve::Finish::length, c);
+  sse += w.done(9, 3);
   FUZZ_ASSERT(sse.size() >= 14 && sse.compare(sse.size() - 14, 14, "data: [DONE]\n\n") == 0);
 }
 

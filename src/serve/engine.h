@@ -70,12 +70,45 @@ struct Delta {
   std::vector<TokenLogprob> tokens;  // generated tokens in this piece (logprob filled when asked)
 };
 
+// Wakes a reader that waits on several Streams at once (the n choices of a request,
+// serve/choices.h): every append or finish on a Stream it is attached to counts once.
+class Notifier {
+ public:
+  void notify() {
+    {
+      std::lock_guard lk(mu_);
+      ++count_;
+    }
+    cv_.notify_all();
+  }
+  uint64_t count() const {
+    std::lock_guard lk(mu_);
+    return count_;
+  }
+  // Waits up to `timeout` for the count to pass `seen`.
+  void wait_past(uint64_t seen, std::chrono::milliseconds timeout) {
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, timeout, [&] { return count_ != seen; });
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t count_ = 0;
+};
+
 // One request's output. The scheduler appends and finishes; one reader drains it.
 class Stream {
  public:
   // Waits up to `timeout` for output. Appends what arrived to *out. Returns the finish
   // state (Finish::none while running).
   Finish read(Delta* out, std::chrono::milliseconds timeout);
+  // Output that arrives from now on also counts on *n (a reader of several streams
+  // waits there); output already pending is the reader's to drain (read with timeout 0).
+  void set_notifier(std::shared_ptr<Notifier> n) {
+    std::lock_guard lk(mu_);
+    notifier_ = std::move(n);
+  }
   // The client went away: the scheduler frees the request's KV blocks at its next step.
   void cancel();
   bool cancelled() const;
@@ -114,6 +147,8 @@ class Stream {
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
   std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   double ttft_s_ = -1;
+  std::shared_ptr<Notifier> notifier_;
+  void wake();  // the reader, and the notifier if any (outside mu_)
 };
 
 class Engine {

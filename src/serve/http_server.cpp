@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "serve/choices.h"
 #include "serve/http_conn.h"
 #include "serve/http_metrics.h"
 #include "serve/openai.h"
@@ -138,16 +139,23 @@ using Flight = FlightCount::Guard;
 // One streamed response: lives in the content provider and its releaser.
 struct StreamState {
   ApiRequest req;
-  std::shared_ptr<Stream> stream;
+  std::unique_ptr<ChoiceGroup> group;
   ChunkWriter writer;  // refers to req
   TokenClock clock;
   std::unique_ptr<Flight> flight;
+  std::vector<bool> finished;  // [n]: the choice's finish chunk went out
   bool started = false, ended = false, recorded = false;
-  StreamState(ApiRequest r, std::shared_ptr<Stream> s, ResponseMeta meta, const text::Tokenizer& tok,
+  StreamState(ApiRequest r, std::unique_ptr<ChoiceGroup> g, ResponseMeta meta, const text::Tokenizer& tok,
               Clock::time_point arrival, std::unique_ptr<Flight> fl)
-      : req(std::move(r)), stream(std::move(s)), writer(req, std::move(meta), tok), clock{arrival, arrival},
-        flight(std::move(fl)) {}
+      : req(std::move(r)), group(std::move(g)), writer(req, std::move(meta), tok), clock{arrival, arrival},
+        flight(std::move(fl)), finished(size_t(group->size()), false) {}
 };
+
+size_t token_count(const std::vector<Delta>& ds) {
+  size_t n = 0;
+  for (const Delta& d : ds) n += d.tokens.size();
+  return n;
+}
 
 }  // namespace
 
@@ -185,11 +193,13 @@ struct HttpServer::Impl {
   ModelContext model_context() const;  // what checking a request needs (503 while loading)
   void generate(Api api, const httplib::Request& req, httplib::Response& res, const std::string& body,
                 Clock::time_point arrival);
-  void answer_whole(const httplib::Request& req, httplib::Response& res, const ApiRequest& r,
-                    std::shared_ptr<Stream> s, ResponseMeta meta, Clock::time_point arrival, std::unique_ptr<Flight> fl);
+  void answer_whole(const httplib::Request& req, httplib::Response& res, const ApiRequest& r, ChoiceGroup& g,
+                    ResponseMeta meta, Clock::time_point arrival, std::unique_ptr<Flight> fl);
   void record(StreamState& st, int status);  // a streamed request's metrics, once
-  void answer_stream(httplib::Response& res, ApiRequest r, std::shared_ptr<Stream> s, ResponseMeta meta,
+  void answer_stream(httplib::Response& res, ApiRequest r, std::unique_ptr<ChoiceGroup> g, ResponseMeta meta,
                      Clock::time_point arrival, std::unique_ptr<Flight> fl);
+  // The 503 for a group whose choice failed (the engine's error) or was cancelled.
+  static ServeError choice_error(const ChoiceGroup& g);
   std::string metrics_text() const { return metrics.text() + engine.metrics(); }
 };
 
@@ -374,36 +384,40 @@ void HttpServer::Impl::generate(Api api, const httplib::Request& req, httplib::R
   ApiRequest r = parse_request(api, body, model_context());  // ServeError: 400 / 404, user input
 
   auto fl = flights.enter();
-  std::shared_ptr<Stream> s;
+  std::unique_ptr<ChoiceGroup> g;
   try {
-    s = engine.submit(std::move(r.params));  // ServeError: queue full (503), too long (400)
+    g = std::make_unique<ChoiceGroup>(engine, std::move(r.params), r.n);  // ServeError: queue full (503), too long (400)
   } catch (const ServeError&) {
     throw;
   } catch (const std::exception& e) {
     throw server_error(503, fmt::format("the engine could not take the request: {}", e.what()));
   }
-  if (!s) throw server_error(503, "the engine returned no stream");
   ResponseMeta meta{new_response_id(api), int64_t(std::time(nullptr)), opt.served_model_name};
-  if (r.stream) answer_stream(res, std::move(r), std::move(s), std::move(meta), arrival, std::move(fl));
-  else answer_whole(req, res, r, std::move(s), std::move(meta), arrival, std::move(fl));
+  if (r.stream) answer_stream(res, std::move(r), std::move(g), std::move(meta), arrival, std::move(fl));
+  else answer_whole(req, res, r, *g, std::move(meta), arrival, std::move(fl));
+}
+
+ServeError HttpServer::Impl::choice_error(const ChoiceGroup& g) {
+  const int i = g.failed();
+  if (i >= 0 && g.finish(i) == Finish::error)
+    return server_error(503, fmt::format("generation failed: {}", g.stream(i).error()));
+  return server_error(503, "the request was cancelled by the server");
 }
 
 void HttpServer::Impl::answer_whole(const httplib::Request& req, httplib::Response& res, const ApiRequest& r,
-                                    std::shared_ptr<Stream> s, ResponseMeta meta, Clock::time_point arrival,
+                                    ChoiceGroup& g, ResponseMeta meta, Clock::time_point arrival,
                                     std::unique_ptr<Flight> fl) {
-  Output out;
-  Delta d;
+  std::vector<Delta> ds;
   TokenClock clock{arrival, arrival};
   int fd = -1;
   bool looked_for_fd = false;
-  Finish f = Finish::none;
   for (;;) {
-    const size_t before = d.tokens.size();
-    f = s->read(&d, kPoll);
-    clock.tokens(d.tokens.size() - before, metrics);
-    if (f != Finish::none) break;
+    const size_t before = token_count(ds);
+    const bool done = g.read(&ds, kPoll);  // ServeError: a later choice was refused (queue full)
+    clock.tokens(token_count(ds) - before, metrics);
+    if (done || g.failed() >= 0) break;  // one failed choice fails the request
     if (cancel_all) {
-      s->cancel();
+      g.cancel();
       throw server_error(503, "the server is shutting down: the request was cancelled");
     }
     // Short requests finish before this matters; a long one looks for its socket once.
@@ -412,37 +426,40 @@ void HttpServer::Impl::answer_whole(const httplib::Request& req, httplib::Respon
       fd = find_connection_fd(req.local_port, req.remote_addr, req.remote_port);
     }
     if (fd >= 0 && peer_closed(fd)) {
-      s->cancel();  // nobody to answer: free the engine's slot now
-      metrics.tokens(r.prompt_tokens, s->completion_tokens());
+      g.cancel();  // nobody to answer: free the engine's slots now
+      metrics.tokens(r.prompt_tokens, g.completion_tokens());
       res.status = 499;  // nginx's "client closed request", for the metrics; the write fails anyway
       res.set_content("client closed request", "text/plain");
       return;
     }
   }
-  metrics.tokens(r.prompt_tokens, s->completion_tokens());
+  metrics.tokens(r.prompt_tokens, g.completion_tokens());
   metrics.request_duration.observe(seconds_since(arrival));
-  if (f == Finish::error) throw server_error(503, fmt::format("generation failed: {}", s->error()));
-  if (f == Finish::cancelled) throw server_error(503, "the request was cancelled by the server");
-  out.text = std::move(d.text);
-  out.tokens = std::move(d.tokens);
-  out.finish = f;
-  out.completion_tokens = s->completion_tokens();
-  out.cached_tokens = s->cached_tokens();
-  res.set_content(dump_json(response_json(r, meta, out, engine.tokenizer())), kJson);
+  if (g.failed() >= 0) throw choice_error(g);
+  std::vector<Output> outs(size_t(g.size()));
+  for (int i = 0; i < g.size(); ++i) {
+    Output& out = outs[size_t(i)];
+    out.text = std::move(ds[size_t(i)].text);
+    out.tokens = std::move(ds[size_t(i)].tokens);
+    out.finish = g.finish(i);
+    out.completion_tokens = g.stream(i).completion_tokens();
+    out.cached_tokens = g.stream(i).cached_tokens();
+  }
+  res.set_content(dump_json(response_json(r, meta, outs, engine.tokenizer())), kJson);
   (void)fl;
 }
 
 void HttpServer::Impl::record(StreamState& st, int status) {
   if (st.recorded) return;
   st.recorded = true;
-  metrics.tokens(st.req.prompt_tokens, st.stream->completion_tokens());
+  metrics.tokens(st.req.prompt_tokens, st.group->completion_tokens());
   metrics.request_duration.observe(seconds_since(st.clock.arrival));
   metrics.request(st.req.api == Api::chat ? "/v1/chat/completions" : "/v1/completions", status);
 }
 
-void HttpServer::Impl::answer_stream(httplib::Response& res, ApiRequest r, std::shared_ptr<Stream> s, ResponseMeta meta,
-                                     Clock::time_point arrival, std::unique_ptr<Flight> fl) {
-  auto st = std::make_shared<StreamState>(std::move(r), std::move(s), std::move(meta), engine.tokenizer(), arrival,
+void HttpServer::Impl::answer_stream(httplib::Response& res, ApiRequest r, std::unique_ptr<ChoiceGroup> g,
+                                     ResponseMeta meta, Clock::time_point arrival, std::unique_ptr<Flight> fl) {
+  auto st = std::make_shared<StreamState>(std::move(r), std::move(g), std::move(meta), engine.tokenizer(), arrival,
                                           std::move(fl));
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // proxies: do not buffer the events
@@ -458,6 +475,7 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, ApiRequest r, std::
       if (put(text)) sink.done();
       return true;
     };
+    ChoiceGroup& group = *st->group;
     try {
       if (!st->started) {
         st->started = true;
@@ -465,29 +483,42 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, ApiRequest r, std::
       }
       if (!sink.is_writable()) return false;  // the client went away (the releaser cancels)
       if (cancel_all) {
-        st->stream->cancel();
+        group.cancel();
         return end_with(st->writer.error(server_error(503, "the server is shutting down: the request was cancelled")));
       }
-      Delta d;
-      const Finish f = st->stream->read(&d, kPoll);
-      st->clock.tokens(d.tokens.size(), metrics);
-      if (!put(st->writer.delta(d))) return false;
-      if (f == Finish::none) return true;
-      if (f == Finish::error)
-        return end_with(st->writer.error(server_error(503, fmt::format("generation failed: {}", st->stream->error()))));
-      if (f == Finish::cancelled)
-        return end_with(st->writer.error(server_error(503, "the request was cancelled by the server")));
-      return end_with(st->writer.end(f, st->stream->completion_tokens(), st->stream->cached_tokens()));
+      std::vector<Delta> ds;
+      bool done = false;
+      try {
+        done = group.read(&ds, kPoll);
+      } catch (const ServeError& e) {  // a later choice was refused (queue full): the others were cancelled
+        return end_with(st->writer.error(e));
+      }
+      st->clock.tokens(token_count(ds), metrics);
+      const bool failed = group.failed() >= 0;
+      std::string out;
+      for (int i = 0; i < group.size(); ++i) {
+        out += st->writer.delta(ds[size_t(i)], i);
+        if (!failed && !st->finished[size_t(i)] && group.finish(i) != Finish::none) {
+          st->finished[size_t(i)] = true;
+          out += st->writer.finish(group.finish(i), i);
+        }
+      }
+      if (failed) {  // the output so far, then the error: the response ends
+        group.cancel();
+        return end_with(out + st->writer.error(choice_error(group)));
+      }
+      if (!done) return put(out);
+      return end_with(out + st->writer.done(group.completion_tokens(), group.cached_tokens()));
     } catch (const std::exception& e) {
       // Building a chunk failed (a bug): tell the client, end the stream.
-      st->stream->cancel();
+      group.cancel();
       return end_with(st->writer.error(server_error(500, fmt::format("internal server error: {}", e.what()))));
     }
   };
   // Runs when the response is destroyed: the stream ended, the client left, or the
   // server stopped. Whatever the engine still runs for it is cancelled.
   auto releaser = [this, st](bool) {
-    if (!st->ended) st->stream->cancel();
+    if (!st->ended) st->group->cancel();
     record(*st, 499);  // no-op when end_with counted it
     st->flight.reset();
   };

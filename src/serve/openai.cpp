@@ -314,10 +314,18 @@ std::vector<int32_t> chat_prompt(const Fields& f, const ModelContext& m, parsers
   }
 }
 
+// OpenAI's n: choices per request, 1..kMaxChoices. best_of (completions) may only
+// repeat n: ranking more samples than are returned is not supported.
+int choice_count(const Fields& f) {
+  const int64_t n = f.integer("n").value_or(1);
+  if (n < 1 || n > kMaxChoices) bad("n", fmt::format("'n' must be in [1, {}], got {}", kMaxChoices, n));
+  if (auto b = f.integer("best_of"); b && *b != n)
+    bad("best_of", fmt::format("'best_of' must equal 'n' ({}): returning the best of more samples than 'n' is not "
+                               "supported, got {}", n, *b));
+  return int(n);
+}
+
 void unsupported(const Fields& f) {
-  for (const char* key : {"n", "best_of"})
-    if (auto n = f.integer(key); n && *n != 1)
-      bad(key, fmt::format("'{}' must be 1: this server returns one choice per request, got {}", key, *n));
   if (const json* s = f.get("suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
     bad("suffix", "'suffix' is not supported");
   if (const json* lb = f.get("logit_bias"); lb && !lb->empty()) bad("logit_bias", "'logit_bias' is not supported");
@@ -370,6 +378,7 @@ ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m) 
 
   ApiRequest r;
   r.api = api;
+  r.n = choice_count(f);
   RequestParams& p = r.params;
   // The cheap checks first: a bad field fails before the prompt is rendered and tokenized.
   p.sampling.temperature = f.number_in("temperature", m.defaults.temperature, 0, 2);

@@ -12,8 +12,12 @@
 // that renders chats for untrusted third parties on a trusted system prompt should keep
 // that in mind.
 //
-// Deliberate limits, each answered with 400 naming the field: n > 1 and best_of > 1 (one
-// choice per request), batched prompts (a list of several strings or lists), non-text
+// n (1..8) choices per request: the engine runs n requests with the same prompt
+// (serve/choices.h); with a seed, choice i samples with seed + i (as vLLM's child
+// requests), so greedy choices are all the same. best_of may only repeat n.
+//
+// Deliberate limits, each answered with 400 naming the field: best_of other than n,
+// batched prompts (a list of several strings or lists), non-text
 // content parts (images, audio), logit_bias, response_format other than text, suffix,
 // echo together with logprobs (the engine does not compute prompt logprobs). tools,
 // documents and chat_template_kwargs go to the template; tool_choice "none" leaves the
@@ -70,8 +74,13 @@ struct ModelContext {
 };
 
 // A checked request: what the engine runs, plus what the response needs.
+// The most choices (n) one request may ask for (vLLM's parallel sampling has no fixed
+// limit; 8 keeps one client from filling the batch alone).
+inline constexpr int kMaxChoices = 8;
+
 struct ApiRequest {
   Api api = Api::chat;
+  int n = 1;                   // choices, 1..kMaxChoices
   RequestParams params;
   int64_t prompt_tokens = 0;   // params.prompt_ids.size() (params moves into the engine)
   bool stream = false;
@@ -115,36 +124,48 @@ struct Output {
   int64_t cached_tokens = 0;  // prompt tokens the prefix cache served
 };
 
-// chat.completion / text_completion. ids: where tool-call ids come from (default:
-// random; tests pass a fixed sequence).
+// chat.completion / text_completion with one choice per Output (index = its place),
+// usage over all of them. ids: where tool-call ids come from (default: random; tests
+// pass a fixed sequence).
+Json response_json(const ApiRequest& req, const ResponseMeta& meta, const std::vector<Output>& outs,
+                   const text::Tokenizer& tok, parsers::IdSource ids = {});
 Json response_json(const ApiRequest& req, const ResponseMeta& meta, const Output& out, const text::Tokenizer& tok,
                    parsers::IdSource ids = {});
 
-// The SSE events of one streamed response, in order: start(), delta() per piece of
-// output, then end() (or error() when the engine failed). Each returns whole
-// "data: ...\n\n" events (possibly none: an empty string). With parsers active, a
-// piece becomes chunks of delta.reasoning_content, delta.content and, per tool call,
-// one chunk with its index, id, type, name and empty arguments, then one appending
-// the arguments (the shape OpenAI streams and its client reassembles).
+// The SSE events of one streamed response, in order: start(), delta() per piece of a
+// choice's output, finish() once per choice, then done() (end() = finish + done for a
+// single choice; error() when the engine failed). Each returns whole "data: ...\n\n"
+// events (possibly none: an empty string). With parsers active, a piece becomes chunks
+// of delta.reasoning_content, delta.content and, per tool call, one chunk with its
+// index, id, type, name and empty arguments, then one appending the arguments (the
+// shape OpenAI streams and its client reassembles). Chunks of different choices carry
+// their index and may interleave, as OpenAI's do with n > 1.
 class ChunkWriter {
  public:
   ChunkWriter(const ApiRequest& req, ResponseMeta meta, const text::Tokenizer& tok, parsers::IdSource ids = {});
-  std::string start();  // chat: the delta {"role":"assistant"} chunk; completions: the echo, if any
-  std::string delta(const Delta& d);
-  // The finish_reason chunk, the usage chunk, [DONE].
+  ~ChunkWriter();
+  // chat: the delta {"role":"assistant"} chunk of each choice; completions: the echo, if any
+  std::string start();
+  std::string delta(const Delta& d, int choice = 0);
+  std::string finish(Finish f, int choice = 0);  // the choice's finish_reason chunk
+  // The usage chunk (stream_options.include_usage), [DONE].
+  std::string done(int64_t completion_tokens, int64_t cached_tokens = 0);
   std::string end(Finish f, int64_t completion_tokens, int64_t cached_tokens = 0);
-  std::string error(const ServeError& e);                // an error event, then [DONE]
+  std::string error(const ServeError& e);  // an error event, then [DONE]
 
  private:
+  struct Choice {
+    std::unique_ptr<parsers::OutputParser> parser;  // chat with parsers active, else null
+    int calls_sent = 0;                             // tool calls streamed so far (their index)
+    int64_t text_offset = 0;                        // completions logprobs: characters of text sent so far
+  };
   Json chunk(Json choice) const;
-  // Chunks for parsed events; the first carries `logprobs` (null when not asked for).
-  std::string event_chunks(const parsers::Events& events, Json logprobs);
+  // Chunks for parsed events of a choice; the first carries `logprobs` (null when not asked for).
+  std::string event_chunks(int choice, const parsers::Events& events, Json logprobs);
   const ApiRequest& req_;
   ResponseMeta meta_;
   const text::Tokenizer& tok_;
-  int64_t text_offset_ = 0;  // completions logprobs: characters of text sent so far
-  std::unique_ptr<parsers::OutputParser> parser_;  // chat with parsers active, else null
-  int calls_sent_ = 0;                              // tool calls streamed so far (their index)
+  std::vector<Choice> choices_;  // [req.n]
 };
 
 // {"error": {"message", "type", "param", "code"}}: empty param/code become null.

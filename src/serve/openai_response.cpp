@@ -6,8 +6,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "text/tokenizer.h"
 
@@ -127,55 +129,70 @@ json chat_message(const ApiRequest& req, const Output& out, parsers::IdSource id
 
 }  // namespace
 
-json response_json(const ApiRequest& req, const ResponseMeta& meta, const Output& out, const text::Tokenizer& tok,
-                   parsers::IdSource ids) {
-  json choice;
-  if (req.api == Api::chat) {
-    const char* finish = nullptr;
-    json message = chat_message(req, out, std::move(ids), &finish);
-    choice = {{"index", 0},
-              {"message", std::move(message)},
-              {"logprobs", req.logprobs ? chat_logprobs(out.tokens, tok) : json()},
-              {"finish_reason", finish}};
-  } else {
-    int64_t offset = char_count(req.echo_text);
-    choice = {{"index", 0},
-              {"text", req.echo_text + out.text},
-              {"logprobs", req.logprobs ? completion_logprobs(out.tokens, tok, &offset) : json()},
-              {"finish_reason", finish_reason(out.finish)}};
+json response_json(const ApiRequest& req, const ResponseMeta& meta, const std::vector<Output>& outs,
+                   const text::Tokenizer& tok, parsers::IdSource ids) {
+  json choices = json::array();
+  int64_t completion = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Output& out = outs[i];
+    completion += out.completion_tokens;
+    if (req.api == Api::chat) {
+      const char* finish = nullptr;
+      json message = chat_message(req, out, ids, &finish);
+      choices.push_back({{"index", i},
+                         {"message", std::move(message)},
+                         {"logprobs", req.logprobs ? chat_logprobs(out.tokens, tok) : json()},
+                         {"finish_reason", finish}});
+    } else {
+      int64_t offset = char_count(req.echo_text);
+      choices.push_back({{"index", i},
+                         {"text", req.echo_text + out.text},
+                         {"logprobs", req.logprobs ? completion_logprobs(out.tokens, tok, &offset) : json()},
+                         {"finish_reason", finish_reason(out.finish)}});
+    }
   }
+  // The prompt counts once, however many choices share it (OpenAI's usage); its cached
+  // tokens are those of the first choice (the others read its blocks: serve/choices.h).
   return {{"id", meta.id},
           {"object", req.api == Api::chat ? "chat.completion" : "text_completion"},
           {"created", meta.created},
           {"model", meta.model},
-          {"choices", json::array({choice})},
-          {"usage", usage_json(req.prompt_tokens, out.completion_tokens, out.cached_tokens)}};
+          {"choices", std::move(choices)},
+          {"usage", usage_json(req.prompt_tokens, completion, outs.empty() ? 0 : outs[0].cached_tokens)}};
+}
+
+json response_json(const ApiRequest& req, const ResponseMeta& meta, const Output& out, const text::Tokenizer& tok,
+                   parsers::IdSource ids) {
+  return response_json(req, meta, std::vector<Output>{out}, tok, std::move(ids));
 }
 
 ChunkWriter::ChunkWriter(const ApiRequest& req, ResponseMeta meta, const text::Tokenizer& tok, parsers::IdSource ids)
-    : req_(req), meta_(std::move(meta)), tok_(tok) {
+    : req_(req), meta_(std::move(meta)), tok_(tok), choices_(size_t(std::max(1, req.n))) {
   if (req.api == Api::chat && req.parse.active())
-    parser_ = std::make_unique<parsers::OutputParser>(req.parse, std::move(ids));
+    for (Choice& c : choices_) c.parser = std::make_unique<parsers::OutputParser>(req.parse, ids);
 }
 
-std::string ChunkWriter::event_chunks(const parsers::Events& events, json logprobs) {
+ChunkWriter::~ChunkWriter() = default;
+
+std::string ChunkWriter::event_chunks(int index, const parsers::Events& events, json logprobs) {
   std::string out;
   auto put = [&](json delta) {
     out += sse_event(chunk(
-        {{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}}));
+        {{"index", index}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}}));
     logprobs = nullptr;  // only the first chunk of a piece carries them
   };
+  Choice& c = choices_[size_t(index)];
   for (const parsers::Event& e : events) {
     switch (e.kind) {
       case parsers::Event::Kind::reasoning: put({{"reasoning_content", e.text}}); break;
       case parsers::Event::Kind::content: put({{"content", e.text}}); break;
       case parsers::Event::Kind::tool_call: {
-        const int index = calls_sent_++;
-        put({{"tool_calls", json::array({{{"index", index},
+        const int call = c.calls_sent++;
+        put({{"tool_calls", json::array({{{"index", call},
                                           {"id", e.call.id},
                                           {"type", "function"},
                                           {"function", {{"name", e.call.name}, {"arguments", ""}}}}})}});
-        put({{"tool_calls", json::array({{{"index", index}, {"function", {{"arguments", e.call.arguments}}}}})}});
+        put({{"tool_calls", json::array({{{"index", call}, {"function", {{"arguments", e.call.arguments}}}}})}});
         break;
       }
     }
@@ -195,49 +212,60 @@ json ChunkWriter::chunk(json choice) const {
 }
 
 std::string ChunkWriter::start() {
-  if (req_.api == Api::chat)
-    return sse_event(chunk({{"index", 0},
-                            {"delta", {{"role", "assistant"}, {"content", ""}}},
-                            {"logprobs", nullptr},
-                            {"finish_reason", nullptr}}));
-  if (req_.echo_text.empty()) return "";
-  text_offset_ = char_count(req_.echo_text);
-  return sse_event(chunk({{"index", 0}, {"text", req_.echo_text}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+  std::string out;
+  for (int i = 0; i < int(choices_.size()); ++i) {
+    if (req_.api == Api::chat) {
+      out += sse_event(chunk({{"index", i},
+                              {"delta", {{"role", "assistant"}, {"content", ""}}},
+                              {"logprobs", nullptr},
+                              {"finish_reason", nullptr}}));
+    } else if (!req_.echo_text.empty()) {
+      choices_[size_t(i)].text_offset = char_count(req_.echo_text);
+      out += sse_event(
+          chunk({{"index", i}, {"text", req_.echo_text}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+    }
+  }
+  return out;
 }
 
-std::string ChunkWriter::delta(const Delta& d) {
-  if (parser_) {
+std::string ChunkWriter::delta(const Delta& d, int index) {
+  Choice& c = choices_[size_t(index)];
+  if (c.parser) {
     json lp = req_.logprobs && !d.tokens.empty() ? chat_logprobs(d.tokens, tok_) : json();
-    const parsers::Events events = parser_->push(d.text);
+    const parsers::Events events = c.parser->push(d.text);
     // Text the parser holds back still sends its tokens' logprobs, as below.
-    if (events.empty()) return lp.is_null() ? "" : event_chunks({parsers::Event{}}, std::move(lp));
-    return event_chunks(events, std::move(lp));
+    if (events.empty()) return lp.is_null() ? "" : event_chunks(index, {parsers::Event{}}, std::move(lp));
+    return event_chunks(index, events, std::move(lp));
   }
   // Tokens whose text is still held back (a possible stop string) are sent with their
   // logprobs and empty text; without logprobs there is nothing to send yet.
   if (d.text.empty() && (d.tokens.empty() || !req_.logprobs)) return "";
   if (req_.api == Api::chat)
-    return sse_event(chunk({{"index", 0},
+    return sse_event(chunk({{"index", index},
                             {"delta", {{"content", d.text}}},
                             {"logprobs", req_.logprobs ? chat_logprobs(d.tokens, tok_) : json()},
                             {"finish_reason", nullptr}}));
-  json lp = req_.logprobs ? completion_logprobs(d.tokens, tok_, &text_offset_) : json();
-  return sse_event(chunk({{"index", 0}, {"text", d.text}, {"logprobs", std::move(lp)}, {"finish_reason", nullptr}}));
+  json lp = req_.logprobs ? completion_logprobs(d.tokens, tok_, &c.text_offset) : json();
+  return sse_event(chunk({{"index", index}, {"text", d.text}, {"logprobs", std::move(lp)}, {"finish_reason", nullptr}}));
 }
 
-std::string ChunkWriter::end(Finish f, int64_t completion_tokens, int64_t cached_tokens) {
+std::string ChunkWriter::finish(Finish f, int index) {
+  Choice& c = choices_[size_t(index)];
   std::string out;
   const char* reason = finish_reason(f);
-  if (parser_) {
+  if (c.parser) {
     // What the parser held back (a cut tag, trailing whitespace, an open block) ends here.
-    out = event_chunks(parser_->finish(), json());
-    reason = parsed_finish_reason(f, parser_->tool_calls() > 0);
+    out = event_chunks(index, c.parser->finish(), json());
+    reason = parsed_finish_reason(f, c.parser->tool_calls() > 0);
   }
   if (req_.api == Api::chat)
-    out += sse_event(
-        chunk({{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason}}));
-  else
-    out = sse_event(chunk({{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish_reason(f)}}));
+    return out + sse_event(chunk(
+                     {{"index", index}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason}}));
+  return sse_event(chunk({{"index", index}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish_reason(f)}}));
+}
+
+std::string ChunkWriter::done(int64_t completion_tokens, int64_t cached_tokens) {
+  std::string out;
   if (req_.include_usage) {
     json u = chunk(json());
     u["choices"] = json::array();
@@ -245,6 +273,10 @@ std::string ChunkWriter::end(Finish f, int64_t completion_tokens, int64_t cached
     out += sse_event(u);
   }
   return out + "data: [DONE]\n\n";
+}
+
+std::string ChunkWriter::end(Finish f, int64_t completion_tokens, int64_t cached_tokens) {
+  return finish(f, 0) + done(completion_tokens, cached_tokens);
 }
 
 std::string ChunkWriter::error(const ServeError& e) { return sse_event(error_json(e)) + "data: [DONE]\n\n"; }

@@ -41,7 +41,7 @@ void Stream::append(const std::string& text, const TokenLogprob& tok) {
     pending_.tokens.push_back(tok);
     ++completion_tokens_;
   }
-  cv_.notify_all();
+  wake();
 }
 
 void Stream::append_text(const std::string& text) {
@@ -50,7 +50,7 @@ void Stream::append_text(const std::string& text) {
     std::lock_guard lk(mu_);
     pending_.text += text;
   }
-  cv_.notify_all();
+  wake();
 }
 
 void Stream::finish(Finish f, const std::string& error) {
@@ -60,7 +60,17 @@ void Stream::finish(Finish f, const std::string& error) {
     finish_ = f;
     error_ = error;
   }
+  wake();
+}
+
+void Stream::wake() {
   cv_.notify_all();
+  std::shared_ptr<Notifier> n;
+  {
+    std::lock_guard lk(mu_);
+    n = notifier_;
+  }
+  if (n) n->notify();
 }
 
 int64_t Stream::prompt_tokens() const {

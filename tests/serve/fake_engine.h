@@ -148,6 +148,7 @@ class FakeEngine : public Engine {
     ++active_;
     ++submitted;
     last = p;
+    submits.push_back({p.sampling.seed, emitted.load()});
     auto s = std::make_shared<Stream>();
     threads_.emplace_back([this, s, p = std::move(p)] { run(*s, p); });
     return s;
@@ -170,6 +171,14 @@ class FakeEngine : public Engine {
     std::lock_guard lk(mu_);
     return last;
   }
+  struct Submit {
+    uint64_t seed;
+    int64_t emitted_before;  // tokens every stream had produced when this request came
+  };
+  std::vector<Submit> submit_log() const {
+    std::lock_guard lk(mu_);
+    return submits;
+  }
   // Waits (bounded) until no request runs.
   bool wait_idle(std::chrono::milliseconds timeout = std::chrono::seconds(10)) const {
     const auto end = std::chrono::steady_clock::now() + timeout;
@@ -182,7 +191,10 @@ class FakeEngine : public Engine {
   std::atomic<int64_t> max_active{1 << 20};
   std::atomic<int> fail_after{-1};       // >= 0: the stream fails after this many tokens
   std::atomic<int> slow_ms{0};           // > 0: every token takes this long (instead of 1-5 ms)
-  std::atomic<int64_t> cancelled{0}, completed{0}, submitted{0};
+  std::atomic<int64_t> cancelled{0}, completed{0}, submitted{0}, emitted{0};
+  // true: token i is the prompt's id (i + seed) mod its length, so requests with different
+  // seeds (the choices of one request) answer differently; false: from id 0 (i mod length).
+  std::atomic<bool> rotate_by_seed{false};
 
  private:
   void run(Stream& s, const RequestParams& p) {
@@ -200,7 +212,8 @@ class FakeEngine : public Engine {
         f = Finish::error;
         break;
       }
-      const int32_t id = p.prompt_ids[size_t(i) % p.prompt_ids.size()];
+      const uint64_t shift = rotate_by_seed ? p.sampling.seed % p.prompt_ids.size() : 0;
+      const int32_t id = p.prompt_ids[(size_t(i) + shift) % p.prompt_ids.size()];
       if (!p.ignore_eos && id == tok_.special_tokens().eos_id) {
         f = Finish::stop;
         break;
@@ -208,6 +221,7 @@ class FakeEngine : public Engine {
       TokenLogprob lp{id, -0.5f, {}};
       for (int k = 0; k < p.top_logprobs; ++k) lp.top.push_back({int32_t(FakeTokenizer::kByte0 + 'a' + k), -1.0f - k});
       auto piece = ts.push(id);
+      ++emitted;  // before the append: a reader that sees the token sees the count
       s.append(piece.text, lp);
       if (piece.stopped) {
         f = Finish::stop;
@@ -233,6 +247,7 @@ class FakeEngine : public Engine {
   std::vector<std::thread> threads_;
   int64_t active_ = 0;
   RequestParams last;
+  std::vector<Submit> submits;
 };
 
 }  // namespace moe::serve::testing

@@ -91,11 +91,13 @@ inline std::vector<std::string> sse_payloads(const std::string& body, std::strin
   return out;
 }
 
-// The text a FakeEngine generates: the prompt's ids again, cyclically.
-inline std::string fake_output(const std::vector<int32_t>& prompt, int64_t n, bool skip_special = true) {
+// The text a FakeEngine generates: the prompt's ids again, cyclically, from id `shift`
+// (FakeEngine::rotate_by_seed: the request's seed mod the prompt's length).
+inline std::string fake_output(const std::vector<int32_t>& prompt, int64_t n, bool skip_special = true,
+                               uint64_t shift = 0) {
   FakeTokenizer tok;
   std::vector<int32_t> ids;
-  for (int64_t i = 0; i < n; ++i) ids.push_back(prompt[size_t(i) % prompt.size()]);
+  for (int64_t i = 0; i < n; ++i) ids.push_back(prompt[(size_t(i) + shift) % prompt.size()]);
   text::DecodeOptions o;
   o.skip_special_tokens = skip_special;
   return tok.decode(ids, o);

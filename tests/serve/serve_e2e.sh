@@ -3,10 +3,11 @@
 # fixture model that has a tokenizer and a chat template.
 #   serve_e2e.sh BIN MODEL basic     one rank: answers equal `moe-ep generate`, streaming
 #                                    equals non-streaming, answers from the prefix cache
-#                                    equal cold ones, errors, 64 concurrent clients
+#                                    equal cold ones, n=3 choices share the prompt's blocks,
+#                                    errors, 64 concurrent clients
 #                                    (some disconnecting), no KV leak, RSS flat, SIGTERM
 #   serve_e2e.sh BIN MODEL ep2       mpirun -np 2 --ep 2: the same answers as one rank
-#                                    (cold and from the prefix cache),
+#                                    (cold and from the prefix cache, n=3 choices),
 #                                    SIGTERM on rank 0 ends every rank with 0
 #   serve_e2e.sh BIN MODEL kill      mpirun -np 2 --ep 2: rank 1 killed under load ends
 #                                    the job non-zero in bounded time, clients see errors
@@ -137,6 +138,26 @@ check_prefix_cache() {
   echo "ok: prefix cache: the same prompt answers bit for bit from $c1 cached tokens; a second chat turn reads $c2"
 }
 
+# n choices (greedy): every choice is the one-choice answer, and the later choices
+# read the prompt's full blocks from the prefix cache (serve/choices.h): the cache's hit
+# counter grows by at least (n - 1) x the tokens a repeat of the prompt finds cached.
+check_choices() {
+  local body h0 h1 answers one c
+  body=$(jq -cn --arg m "$NAME" --arg t "Choices probe: $(seq -s ' ' 200 214)" \
+    '{model: $m, messages: [{role: "user", content: $t}], max_tokens: 6, temperature: 0, n: 3}')
+  h0=$(metric moe_ep_prefix_cache_hits_total)
+  answers=$(post /v1/chat/completions "$body" | jq -c '[.choices[] | [.index, .message.content, .finish_reason]]')
+  [ "$(status)" = 200 ] || fail "n=3: status $(status): $(cat "$TMP/body")"
+  h1=$(metric moe_ep_prefix_cache_hits_total)
+  one=$(post /v1/chat/completions "$(jq -c '.n = 1' <<<"$body")" | jq -c '.choices[0] | [.message.content, .finish_reason]')
+  c=$(jq '.usage.prompt_tokens_details.cached_tokens' "$TMP/body")
+  [ "$(jq -c '[.[] | .[0]]' <<<"$answers")" = "[0,1,2]" ] || fail "n=3: choices $answers"
+  [ "$(jq -c '[.[] | .[1:]] | unique' <<<"$answers")" = "[$one]" ] || fail "n=3 greedy: $answers, one choice: $one"
+  [ "$c" -gt 0 ] || fail "the n=3 prompt again reported $c cached tokens"
+  [ $((h1 - h0)) -ge $((2 * c)) ] || fail "n=3: prefix-cache hits grew by $((h1 - h0)), want >= 2 x $c"
+  echo "ok: n=3 greedy choices equal the one-choice answer; choices 2 and 3 read $((h1 - h0)) tokens from the cache"
+}
+
 rank_pid() {  # the pid of MPI rank $1 of the server
   local p
   for p in $(pgrep -f "moe-ep serve --model $MODEL" || true); do
@@ -154,6 +175,7 @@ basic)
   [ "$(curl -s -H "Authorization: Bearer $KEY" "$URL/v1/models" | jq -r '.data[0].id')" = "$NAME" ] || fail "/v1/models"
   check_answers
   check_prefix_cache
+  check_choices
   # Errors, each with its status and OpenAI's error shape.
   [ "$(curl -s -o /dev/null -w '%{http_code}' -d '{}' "$URL/v1/chat/completions")" = 401 ] || fail "no key: not 401"
   post /v1/chat/completions '{"model": "e2e-model", "messages": [' >/dev/null; [ "$(status)" = 400 ] || fail "truncated JSON: $(status)"
@@ -205,6 +227,7 @@ ep2)
   start_server mpirun -np 2 --oversubscribe "$BIN" "${SERVE_FLAGS[@]}" --ep 2 --moe-comm alltoall --comm-timeout 20
   check_answers
   check_prefix_cache
+  check_choices
   rank0=$(rank_pid 0)
   [ -n "$rank0" ] || fail "cannot find rank 0"
   kill -TERM "$rank0"

@@ -208,7 +208,7 @@ TEST(HttpErrors, EveryStatusInOpenAiShape) {
       {"wrong type (chat)", chat, R"({"messages": [{"role": "user", "content": "a"}], "temperature": "hot"})", 400,
        "temperature"},
       {"invalid UTF-8", c, "{\"prompt\": \"\xff\"}", 400, ""},
-      {"n=2", c, R"({"prompt": "a", "n": 2})", 400, "n"},
+      {"n=9", c, R"({"prompt": "a", "n": 9})", 400, "n"},
       {"unknown model", c, R"({"model": "gpt-4", "prompt": "a"})", 404, "model"},
       {"prompt too long", c, "{\"prompt\": \"" + std::string(70, 'x') + "\"}", 400, "prompt"},
       {"max_tokens past the context", c, R"({"prompt": "a", "max_tokens": 100})", 400, "max_tokens"},

@@ -127,7 +127,7 @@ TEST(OpenAiParse, RangesAreChecked) {
   const std::vector<std::pair<std::string, json>> bad = {
       {"temperature", -0.1}, {"temperature", 2.5}, {"top_p", 0},        {"top_p", 1.01},
       {"top_k", -2},         {"max_tokens", 0},    {"presence_penalty", 2.1}, {"frequency_penalty", -3},
-      {"top_logprobs", 21},  {"n", 2},             {"n", 0},          {"max_completion_tokens", -5}};
+      {"top_logprobs", 21},  {"n", 9},             {"n", 0},          {"max_completion_tokens", -5}};
   for (const auto& [field, value] : bad) {
     json body = kChat;
     body[field] = value;
@@ -137,8 +137,14 @@ TEST(OpenAiParse, RangesAreChecked) {
     EXPECT_EQ(e.param, field) << e.message;
   }
   EXPECT_EQ(error_of([&] { c.completion({{"prompt", "a"}, {"logprobs", 6}}); }).param, "logprobs");
-  ServeError n2 = error_of([&] { c.completion({{"prompt", "a"}, {"n", 2}}); });
-  EXPECT_NE(n2.message.find("one choice"), std::string::npos) << n2.message;
+  ServeError n9 = error_of([&] { c.completion({{"prompt", "a"}, {"n", 9}}); });
+  EXPECT_NE(n9.message.find("[1, 8], got 9"), std::string::npos) << n9.message;
+  EXPECT_EQ(c.completion({{"prompt", "a"}, {"n", 8}}).n, 8);
+  EXPECT_EQ(c.completion({{"prompt", "a"}, {"n", 3}, {"best_of", 3}}).n, 3) << "best_of may repeat n";
+  EXPECT_EQ(c.chat({{"messages", kChat["messages"]}}).n, 1);
+  ServeError best = error_of([&] { c.completion({{"prompt", "a"}, {"n", 2}, {"best_of", 4}}); });
+  EXPECT_EQ(best.param, "best_of");
+  EXPECT_NE(best.message.find("must equal 'n' (2)"), std::string::npos) << best.message;
   EXPECT_EQ(error_of([&] { c.chat({{"messages", kChat["messages"]}, {"top_logprobs", 2}}); }).param, "top_logprobs")
       << "top_logprobs needs logprobs: true";
   // The edges are allowed.
@@ -398,6 +404,55 @@ TEST(OpenAiResponse, ChunkSequence) {
   std::string err = w.error(ServeError{503, "server_error", "engine died", "", ""});
   EXPECT_EQ(err, "data: {\"error\":{\"message\":\"engine died\",\"type\":\"server_error\",\"param\":null,\"code\":null}}"
                  "\n\ndata: [DONE]\n\n");
+}
+
+// n choices: one entry per choice in order, usage over all of them with the prompt and
+// its cached tokens counted once.
+TEST(OpenAiResponse, ChoicesInOrderAndUsageCountsThePromptOnce) {
+  Ctx c;
+  ApiRequest chat = c.chat({{"messages", kChat["messages"]}, {"n", 3}});
+  ASSERT_EQ(chat.n, 3);
+  std::vector<Output> outs = {{"a", {}, Finish::stop, 1, 5}, {"bb", {}, Finish::length, 2, 0}, {"ccc", {}, Finish::length, 3, 0}};
+  json j = response_json(chat, {"chatcmpl-3", 1, "fake-model"}, outs, c.tok);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["message"]["content"], outs[i].text);
+    EXPECT_EQ(j["choices"][i]["finish_reason"], i == 0 ? "stop" : "length");
+  }
+  EXPECT_EQ(j["usage"], json({{"prompt_tokens", chat.prompt_tokens}, {"completion_tokens", 6},
+                              {"total_tokens", chat.prompt_tokens + 6},
+                              {"prompt_tokens_details", {{"cached_tokens", 5}}}}));
+}
+
+// A stream of n choices: every chunk names its choice, each choice gets its role chunk
+// and one finish chunk, and the usage chunk and [DONE] come once, at the end.
+TEST(OpenAiResponse, ChunksOfSeveralChoicesCarryTheirIndex) {
+  Ctx c;
+  ApiRequest r = c.completion({{"prompt", "ab"}, {"n", 2}, {"echo", true}, {"stream", true},
+                               {"stream_options", {{"include_usage", true}}}});
+  ChunkWriter w(r, {"cmpl-7", 5, "fake-model"}, c.tok);
+  std::string all = w.start() + w.delta({"x", {}}, 1) + w.delta({"y", {}}, 0) + w.finish(Finish::length, 1) +
+                    w.delta({"z", {}}, 0) + w.finish(Finish::stop, 0) + w.done(3, 1);
+  std::vector<json> ev;
+  size_t pos = 0;
+  for (size_t end; (end = all.find("\n\n", pos)) != std::string::npos; pos = end + 2) {
+    const std::string payload = all.substr(pos + 6, end - pos - 6);
+    ev.push_back(payload == "[DONE]" ? json("[DONE]") : json::parse(payload));
+  }
+  ASSERT_EQ(ev.size(), 9u) << all;
+  const std::vector<std::pair<int, std::string>> texts = {{0, "ab"}, {1, "ab"}, {1, "x"}, {0, "y"}, {1, ""}, {0, "z"}, {0, ""}};
+  for (size_t i = 0; i < texts.size(); ++i) {
+    ASSERT_EQ(ev[i]["choices"].size(), 1u) << i;
+    EXPECT_EQ(ev[i]["choices"][0]["index"], texts[i].first) << i;
+    EXPECT_EQ(ev[i]["choices"][0]["text"], texts[i].second) << i;
+  }
+  EXPECT_EQ(ev[4]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(ev[6]["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(ev[7]["choices"], json::array());
+  EXPECT_EQ(ev[7]["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(ev[7]["usage"]["prompt_tokens"], r.prompt_tokens);
+  EXPECT_EQ(ev[8], "[DONE]");
 }
 
 }  // namespace
