@@ -6,6 +6,7 @@
 // with errors that name the problem.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -83,6 +84,24 @@ TEST(GgufCheckpoint, MixtralWithPermutedQkMatchesTransformers) {
   go.max_new_tokens = 16;
   go.ignore_eos = true;
   const GenerateResult r = generate(*g, f.prompts, go);
+  for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
+}
+
+// ERNIE-4.5-MoE as convert_hf_to_gguf.py writes it (`ernie4_5-moe`): a dense first layer,
+// the shared experts, the selection-only router bias (exp_probs_b), tied embeddings and
+// expert_shared_feed_forward_length as the converter computes it (24 here, not the 16
+// rows the tensors have: the loader takes the tensors'). Nothing is permuted, so the
+// logits equal the directory's bit for bit, and transformers' goldens hold.
+TEST(GgufCheckpoint, ErnieWithDenseLayerSharedExpertsAndSelectionBias) {
+  const auto f = fixture("ernie4_5_moe");
+  const std::string path = kModels + "ernie4_5_moe-F32.gguf";
+  expect_same_logits(path, f.dir, f.prompts);
+  auto m = test::load_model(path);
+  EXPECT_LE(test::max_logit_diff(prefill_logits(*m, f.prompts), f.logits, f.prompts), 1e-4);
+  GenerateOptions go;
+  go.max_new_tokens = 16;
+  go.ignore_eos = true;
+  const GenerateResult r = generate(*m, f.prompts, go);
   for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
 }
 
@@ -210,6 +229,14 @@ TEST(GgufCheckpoint, ConfigIsTheSources) {
     EXPECT_EQ(c.at("num_experts"), s.contains("num_experts") ? s.at("num_experts") : s.at("num_local_experts"));
     EXPECT_EQ(c.at("mlp_only_layers"), s.at("mlp_only_layers")) << gguf;
   }
+  const nlohmann::json c = Checkpoint::open(kModels + "ernie4_5_moe-F32.gguf").config();
+  const nlohmann::json s = Checkpoint::open(std::string(MOE_FIXTURES_DIR) + "/ernie4_5_moe").config();
+  for (const char* k : {"model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                        "max_position_embeddings", "intermediate_size", "moe_intermediate_size", "moe_num_experts",
+                        "moe_k", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval",
+                        "moe_num_shared_experts", "vocab_size", "tie_word_embeddings", "use_bias"})
+    EXPECT_EQ(c.at(k), s.at(k)) << "ernie4_5_moe " << k;
+  EXPECT_EQ(c.at("architectures"), s.at("architectures"));
 }
 
 TEST(GgufCheckpoint, ExpertsAreOneByteRangeEachAndEpReadsOnlyItsOwn) {
@@ -224,8 +251,9 @@ TEST(GgufCheckpoint, ExpertsAreOneByteRangeEachAndEpReadsOnlyItsOwn) {
 
 // A GGUF written here: the qwen3 fixture's metadata with one key changed or a tensor
 // renamed, so each error names exactly what is wrong.
-std::string rewrite(const std::string& name, const std::string& from, const std::string& to) {
-  std::ifstream in(kModels + "qwen3_moe-BF16.gguf", std::ios::binary);
+std::string rewrite(const std::string& name, const std::string& from, const std::string& to,
+                    const std::string& source = "qwen3_moe-BF16.gguf") {
+  std::ifstream in(kModels + source, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t at = bytes.find(from);
   EXPECT_NE(at, std::string::npos) << from;
@@ -256,6 +284,25 @@ TEST(GgufCheckpoint, BadFilesNameTheProblem) {
   // A missing hparam.
   expect_error(rewrite("moe_gguf_key.gguf", "qwen3moe.expert_count", "qwen3moe.expert_cxunt"),
                {"qwen3moe.expert_count"});
+  // ERNIE without leading_dense_block_count: layer 0 should then have experts.
+  expect_error(rewrite("moe_gguf_ernie_lead.gguf", "ernie4_5-moe.leading_dense_block_count",
+                       "ernie4_5-moe.leading_dense_block_cxunt", "ernie4_5_moe-F32.gguf"),
+               {"layer 0 lacks ffn_gate_exps", "leading_dense_block_count 0"});
+  // ERNIE's shared experts must have expert_shared_count x expert_feed_forward_length rows:
+  // the key's u32 value (after the key and its 4-byte type) set to 2.
+  std::string two = "ernie4_5-moe.expert_shared_count";
+  {
+    std::ifstream in(kModels + "ernie4_5_moe-F32.gguf", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = bytes.find(two);
+    ASSERT_NE(at, std::string::npos);
+    const uint32_t type = 4, value = 2;  // GGUF_TYPE_UINT32
+    ASSERT_EQ(std::memcmp(bytes.data() + at + two.size(), &type, 4), 0);
+    std::memcpy(bytes.data() + at + two.size() + 4, &value, 4);
+    two = (std::filesystem::temp_directory_path() / "moe_gguf_ernie_shexp.gguf").string();
+    std::ofstream(two, std::ios::binary) << bytes;
+  }
+  expect_error(two, {"blk.2.ffn_up_shexp.weight", "expert_shared_count x expert_feed_forward_length = 2 x 16"});
 }
 
 TEST(GgufCheckpoint, OpenTellsAGgufFileByItsMagic) {

@@ -17,6 +17,8 @@ Into tests/fixtures/gguf/models/:
                         parts as gguf-split writes them
   mixtral-F32.gguf      tests/fixtures/mixtral as the `llama` architecture with experts, q and k
                         rows permuted for ggml's interleaved RoPE as the converter does
+  ernie4_5_moe-F32.gguf tests/fixtures/ernie4_5_moe as `ernie4_5-moe` (a dense first layer,
+                        a shared expert, the selection bias exp_probs_b, tied embeddings)
   chat_qwen3-BF16.gguf  tests/fixtures/chat_qwen3 with its tokenizer and chat template in the
                         tokenizer.* metadata (tools/gen_gguf_tokenizer_fixtures.py's writer)
   qwen3moe-quant.gguf   a random Qwen3-MoE-shaped model whose tensors use every supported
@@ -206,6 +208,57 @@ def convert_mixtral(src, out):
     w.close()
 
 
+def convert_ernie(src, out):
+    """An ERNIE-4.5-MoE fixture -> GGUF as convert_hf_to_gguf.py's Ernie4_5MoeModel writes
+    it (F32): TextModel's hparams plus its expert keys (expert_shared_feed_forward_length
+    as intermediate_size // num_key_value_heads, as it computes it), q and k not permuted
+    (ERNIE's RoPE already rotates interleaved pairs), experts stacked, the router bias
+    renamed e_score_correction.bias as its filter_tensors does, tied embeddings without an
+    output tensor, and every name from gguf-py's own TensorNameMap for the architecture."""
+    cfg, tensors = load_dir(os.path.join(FIX, src))
+    L, E = cfg["num_hidden_layers"], cfg["moe_num_experts"]
+    rope = cfg.get("rope_parameters") or {}
+    arch = gguf.MODEL_ARCH.ERNIE4_5_MOE
+    names = gguf.get_tensor_name_map(arch, L)
+    w = gguf.GGUFWriter(out, gguf.MODEL_ARCH_NAMES[arch])
+    w.add_block_count(L)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(E)
+    w.add_expert_used_count(cfg["moe_k"])
+    w.add_interleave_moe_layer_step(cfg["moe_layer_interval"])
+    w.add_leading_dense_block_count(cfg["moe_layer_start_index"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg["moe_num_shared_experts"])
+    w.add_expert_shared_feed_forward_length(cfg["intermediate_size"] // cfg["num_key_value_heads"])
+    tokens, _ = vocab(256)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens[: cfg["vocab_size"]])
+    w.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
+    experts = {}
+    for name in sorted(tensors):
+        hf = name.replace("e_score_correction_bias", "e_score_correction.bias")
+        m = hf.split(".")
+        if ".mlp.experts." in hf:  # stacked per (layer, projection), in expert order
+            experts.setdefault((int(m[2]), m[6]), {})[int(m[5])] = as_f32(tensors[name])
+            continue
+        w.add_tensor(names.get_name(hf, try_suffixes=(".weight", ".bias")), as_f32(tensors[name]))
+    for (l, proj), per in sorted(experts.items()):
+        assert sorted(per) == list(range(E))
+        gname = names.get_name(f"model.layers.{l}.mlp.experts.{proj}.weight", try_suffixes=(".weight",))
+        w.add_tensor(gname, np.stack([per[e] for e in range(E)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 # ---- the quantised model -------------------------------------------------------------
 
 QCFG = {
@@ -320,6 +373,7 @@ def main():
     convert("qwen2_moe", "qwen2moe", os.path.join(OUT, "qwen2_moe-F32.gguf"), f32=True, split=True)
     convert("chat_qwen3", "qwen3moe", os.path.join(OUT, "chat_qwen3-BF16.gguf"), f32=False, tokenizer="chat_qwen3")
     convert_mixtral("mixtral", os.path.join(OUT, "mixtral-F32.gguf"))
+    convert_ernie("ernie4_5_moe", os.path.join(OUT, "ernie4_5_moe-F32.gguf"))
     quantised()
 
 

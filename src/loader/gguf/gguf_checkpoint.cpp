@@ -14,7 +14,7 @@ namespace moe::gguf {
 
 namespace {
 
-constexpr const char* kSupportedArchs = "qwen3moe, qwen2moe, llama (with experts: Mixtral)";
+constexpr const char* kSupportedArchs = "qwen3moe, qwen2moe, llama (with experts: Mixtral), ernie4_5-moe";
 
 struct Arch {
   std::string name;      // general.architecture
@@ -26,6 +26,11 @@ struct Arch {
   // under block_sparse_moe with w1 (gate), w3 (up) and w2 (down).
   std::string moe_block = "mlp";
   std::string gate = "gate_proj", up = "up_proj", down = "down_proj";
+  // The shared expert(s) (ffn_*_shexp): Qwen2-MoE's mlp.shared_expert, ERNIE's
+  // mlp.shared_experts (one FFN of moe_num_shared_experts x moe_intermediate_size).
+  std::string shared_block = "mlp.shared_expert";
+  // exp_probs_b.bias, the selection-only router bias: ERNIE's moe_statics.
+  std::string router_bias = "";
 };
 
 Arch arch_of(const GgufModel& m) {
@@ -38,7 +43,13 @@ Arch arch_of(const GgufModel& m) {
               "without llama.expert_count > 1 is a dense model; this engine runs MoE models", file);
     return {a, "mixtral", "MixtralForCausalLM", false, true, "block_sparse_moe", "w1", "w3", "w2"};
   }
-  if (a == "deepseek2" || a == "ernie4_5-moe")
+  if (a == "ernie4_5-moe") {
+    Arch r{a, "ernie4_5_moe", "Ernie4_5_MoeForCausalLM"};
+    r.shared_block = "mlp.shared_experts";
+    r.router_bias = "mlp.moe_statics.e_score_correction_bias";
+    return r;
+  }
+  if (a == "deepseek2")
     MOE_FAIL("gguf model '{}': general.architecture '{}' is one of our families but loading it from GGUF is not "
              "supported yet (supported: {}); use its Hugging Face checkpoint", file, a, kSupportedArchs);
   MOE_FAIL("gguf model '{}': general.architecture '{}' is not a supported architecture (supported: {})", file, a,
@@ -48,6 +59,52 @@ Arch arch_of(const GgufModel& m) {
 // The layer indices that have routed experts (the others are dense MLPs).
 bool has_experts(const GgufModel& m, int64_t l) {
   return m.find(fmt::format("blk.{}.ffn_gate_exps.weight", l)) != nullptr;
+}
+
+// ERNIE-4.5-MoE's config.json keys from what convert_hf_to_gguf.py writes. MoE layers
+// are every interleave_moe_layer_step-th from leading_dense_block_count on; GGUF has no
+// moe_layer_end_index, so it is the last layer with experts, and the layers that have
+// them must be exactly the ones that rule names. The shared experts' size is taken from
+// their tensors, not from expert_shared_feed_forward_length: the converter writes
+// intermediate_size / num_key_value_heads there, which is the shared FFN's size for the
+// released models (moe_num_shared_experts x moe_intermediate_size) only by their shapes.
+void ernie_moe_config(const GgufModel& m, nlohmann::json& c) {
+  const Metadata& md = m.metadata();
+  const std::string& file = m.parts().front()->path();
+  const std::string k = "ernie4_5-moe.";
+  const int64_t L = c["num_hidden_layers"].get<int64_t>();
+  c["moe_num_experts"] = md.get_u32(k + "expert_count");
+  c["moe_k"] = md.get_u32(k + "expert_used_count");
+  c["moe_intermediate_size"] = md.get_u32(k + "expert_feed_forward_length");
+  c["intermediate_size"] = md.opt_u32(k + "feed_forward_length").value_or(0);
+  const int64_t start = md.opt_u32(k + "leading_dense_block_count").value_or(0);
+  const int64_t step = md.opt_u32(k + "interleave_moe_layer_step").value_or(1);
+  MOE_CHECK(step >= 1, "gguf model '{}': {}interleave_moe_layer_step is 0, expected >= 1", file, k);
+  int64_t last = -1;
+  for (int64_t l = 0; l < L; ++l)
+    if (has_experts(m, l)) last = l;
+  MOE_CHECK(last >= 0, "gguf model '{}': no layer has ffn_gate_exps: an ernie4_5-moe model has routed experts", file);
+  for (int64_t l = 0; l < L; ++l) {
+    const bool moe = (l + 1) % step == 0 && l >= start && l <= last;
+    MOE_CHECK(moe == has_experts(m, l), "gguf model '{}': layer {} {} ffn_gate_exps, but {}leading_dense_block_count "
+              "{} and interleave_moe_layer_step {} make it a {} layer", file, l, moe ? "lacks" : "has", k, start, step,
+              moe ? "MoE" : "dense");
+  }
+  c["moe_layer_start_index"] = start;
+  c["moe_layer_interval"] = step;
+  c["moe_layer_end_index"] = last;
+  const int64_t n_shared = md.opt_u32(k + "expert_shared_count").value_or(0);
+  c["moe_num_shared_experts"] = n_shared;
+  if (n_shared > 0) {
+    const GgufTensor* sh = m.find(fmt::format("blk.{}.ffn_up_shexp.weight", last));
+    MOE_CHECK(sh != nullptr, "gguf model '{}': {}expert_shared_count is {} but blk.{}.ffn_up_shexp.weight is missing",
+              file, k, n_shared, last);
+    const int64_t per = c["moe_intermediate_size"].get<int64_t>();
+    MOE_CHECK(per > 0 && sh->ne[1] == n_shared * per, "gguf model '{}': {} has {} rows, expected {}expert_shared_count "
+              "x expert_feed_forward_length = {} x {}", file, sh->describe(), sh->ne[1], k, n_shared, per);
+  }
+  c["use_bias"] = false;
+  c["moe_norm_min"] = 1e-12;  // ERNIE's default; GGUF does not carry it
 }
 
 }  // namespace
@@ -114,6 +171,8 @@ nlohmann::json config_from_gguf(const GgufModel& m) {
     for (int64_t l = 0; l < L; ++l)
       MOE_CHECK(has_experts(m, l), "gguf model '{}': layer {} has no ffn_gate_exps: a llama model with experts "
                 "(Mixtral) has them in every layer", file, l);
+  } else if (a.name == "ernie4_5-moe") {
+    ernie_moe_config(m, c);
   } else {
     c["intermediate_size"] = md.opt_u32(key("feed_forward_length")).value_or(0);
     c["moe_intermediate_size"] = md.get_u32(key("expert_feed_forward_length"));
@@ -167,15 +226,18 @@ TensorInfo info_for(const GgufTensor& t, const std::string& name, Shape shape, u
 // "self_attn.q_proj.weight"), or nullopt for one that is not per-layer or unknown.
 std::optional<std::string> layer_name(const Arch& a, const std::string& suffix) {
   if (suffix == "ffn_gate_inp.weight") return a.moe_block + ".gate.weight";
+  if (suffix == "ffn_gate_shexp.weight") return a.shared_block + ".gate_proj.weight";
+  if (suffix == "ffn_up_shexp.weight") return a.shared_block + ".up_proj.weight";
+  if (suffix == "ffn_down_shexp.weight") return a.shared_block + ".down_proj.weight";
+  if (suffix == "exp_probs_b.bias" && !a.router_bias.empty()) return a.router_bias;
   static const std::map<std::string, std::string> names = {
       {"attn_norm", "input_layernorm"},      {"ffn_norm", "post_attention_layernorm"},
       {"attn_q", "self_attn.q_proj"},        {"attn_k", "self_attn.k_proj"},
       {"attn_v", "self_attn.v_proj"},        {"attn_output", "self_attn.o_proj"},
       {"attn_q_norm", "self_attn.q_norm"},   {"attn_k_norm", "self_attn.k_norm"},
       {"ffn_gate_inp_shexp", "mlp.shared_expert_gate"},
-      {"ffn_gate_shexp", "mlp.shared_expert.gate_proj"}, {"ffn_up_shexp", "mlp.shared_expert.up_proj"},
-      {"ffn_down_shexp", "mlp.shared_expert.down_proj"}, {"ffn_gate", "mlp.gate_proj"},
-      {"ffn_up", "mlp.up_proj"},             {"ffn_down", "mlp.down_proj"},
+      {"ffn_gate", "mlp.gate_proj"},         {"ffn_up", "mlp.up_proj"},
+      {"ffn_down", "mlp.down_proj"},
   };
   const size_t dot = suffix.rfind('.');
   if (dot == std::string::npos) return std::nullopt;
