@@ -22,6 +22,10 @@ Modes:
                   Against any running `moe-ep serve` (e.g. a fixture model, whose random
                   text rarely holds a call): requests with tools, streamed and not, must
                   parse, and any tool call must carry JSON-object arguments as a string.
+  choices --base-url URL [--model M] [--api-key K]
+                  Against any running `moe-ep serve`: n choices whole and streamed (the
+                  stream reassembled by the client per index), greedy choices equal to the
+                  one-choice answer, usage counting the prompt once, seeded n repeating.
 Exit status 0 when every check passed; each failure is printed.
 """
 import argparse
@@ -188,9 +192,39 @@ def smoke(base_url, model, api_key):
         print(f"ok   smoke tool_choice={choice}: {len(m.tool_calls or [])} call(s), content {m.content!r:.60}")
 
 
+def choices(base_url, model, api_key):
+    """n choices (OpenAI's `n`) read by the client: a whole reply with n choices in order,
+    the stream reassembled per index by the client's own state, equal to the whole reply
+    choice by choice (greedy: every choice the one-choice answer), usage once; seeded
+    sampling repeats per choice; and the legacy completions endpoint the same way."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key or "unused", max_retries=0, timeout=300)
+    model = model or client.models.list().data[0].id
+    msgs = [{"role": "user", "content": "Count: 1 2 3 4 5 6 7 8 9"}]
+    one = client.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0)
+    whole = client.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0, n=3)
+    check([c.index for c in whole.choices] == [0, 1, 2], f"n=3: indices {[c.index for c in whole.choices]}")
+    check(all(c.message.content == one.choices[0].message.content for c in whole.choices), "n=3 greedy != n=1")
+    check(whole.usage.prompt_tokens == one.usage.prompt_tokens, "n=3: the prompt counts once")
+    check(whole.usage.completion_tokens == 3 * one.usage.completion_tokens, "n=3: completion tokens summed")
+    final, _ = reassemble(list(client.chat.completions.create(
+        model=model, messages=msgs, max_tokens=12, temperature=0, n=3, stream=True)))
+    check(sorted(c.index for c in final.choices) == [0, 1, 2], "n=3 streamed: indices")
+    for c in final.choices:
+        check(c.message.content == whole.choices[c.index].message.content, f"n=3 streamed choice {c.index} != whole")
+        check(c.finish_reason == whole.choices[c.index].finish_reason, f"n=3 streamed choice {c.index}: finish_reason")
+    a = client.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=1.0, seed=5, n=2)
+    b = client.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=1.0, seed=5, n=2)
+    check([c.message.content for c in a.choices] == [c.message.content for c in b.choices], "seeded n=2 repeats")
+    text = client.completions.create(model=model, prompt="1 2 3 4", max_tokens=8, temperature=0, n=2)
+    check([c.index for c in text.choices] == [0, 1] and text.choices[0].text == text.choices[1].text,
+          "completions n=2 greedy")
+    print(f"ok   choices: n=3 whole and streamed agree ({one.usage.completion_tokens} tokens each), seeded n=2 "
+          f"repeats, completions n=2")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["goldens", "live", "smoke"])
+    ap.add_argument("mode", choices=["goldens", "live", "smoke", "choices"])
     ap.add_argument("dir", nargs="?", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures",
                                                            "serve_parsers"))
     ap.add_argument("--base-url")
@@ -204,6 +238,8 @@ def main():
         goldens(a.dir)
     elif a.mode == "live":
         live(a.base_url, a.reasoning, a.tools)
+    elif a.mode == "choices":
+        choices(a.base_url, a.model, a.api_key)
     else:
         smoke(a.base_url, a.model, a.api_key)
     print(f"{len(FAILURES)} failed" if FAILURES else "all checks passed")
