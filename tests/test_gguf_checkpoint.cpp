@@ -105,6 +105,44 @@ TEST(GgufCheckpoint, ErnieWithDenseLayerSharedExpertsAndSelectionBias) {
   for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
 }
 
+// DeepSeek-V3 and V2 as `deepseek2` (convert_hf_to_gguf.py's DeepseekV2Model): MLA with
+// kv_b_proj split into attn_k_b (transposed) and attn_v_b, put back together exactly by
+// the loader; V3's sigmoid noaux_tc router with its exp_probs_b bias and q_lora; V2's
+// q_proj and softmax group-limited router. Every tensor of the directory comes out of the
+// GGUF with the same shape and values, and the config keys are the directory's. V3's
+// logits equal the directory's bit for bit; the V2 fixture's MLPs use gelu_pytorch_tanh,
+// which GGUF cannot say (llama.cpp runs deepseek2 with SiLU), so its logits differ by
+// design.
+TEST(GgufCheckpoint, DeepseekMlaFromSplitKvB) {
+  expect_same_logits(kModels + "deepseek_v3-F32.gguf", fixture("deepseek_v3").dir, fixture("deepseek_v3").prompts);
+  for (const char* name : {"deepseek_v3", "deepseek_v2"}) {
+    SCOPED_TRACE(name);
+    const auto f = fixture(name);
+    const Checkpoint g = Checkpoint::open(kModels + name + "-F32.gguf"), d = Checkpoint::open(f.dir);
+    for (const std::string& key : d.keys()) {
+      ASSERT_TRUE(g.has(key)) << key;
+      const Tensor a = g.view(key), b = d.view(key);
+      ASSERT_EQ(a.shape(), b.shape()) << key;
+      ASSERT_EQ(a.dtype(), DType::F32) << key;
+      EXPECT_EQ(std::memcmp(a.data<float>(), b.data<float>(), static_cast<size_t>(a.numel()) * 4), 0) << key;
+    }
+    for (const char* k : {"model_type", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                          "v_head_dim", "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
+                          "first_k_dense_replace", "routed_scaling_factor", "norm_topk_prob", "scoring_func",
+                          "topk_method", "n_group", "topk_group", "num_key_value_heads"})
+      EXPECT_EQ(g.config().at(k), d.config().at(k)) << k;
+  }
+  // BF16 halves compose into a BF16 kv_b_proj: run in bf16 (where the directory's
+  // weights are rounded the same way) the logits are the directory's.
+  const auto f = fixture("deepseek_v3");
+  const std::string bf16 = kModels + "deepseek_v3-BF16.gguf";
+  EXPECT_EQ(Checkpoint::open(bf16).info("model.layers.1.self_attn.kv_b_proj.weight").dtype, DType::BF16);
+  auto a = load(bf16, DType::BF16, false), b = load(f.dir, DType::BF16, false);
+  const Tensor la = prefill_logits(*a, f.prompts), lb = prefill_logits(*b, f.prompts);
+  ASSERT_EQ(la.shape(), lb.shape());
+  EXPECT_EQ(std::memcmp(la.data<float>(), lb.data<float>(), static_cast<size_t>(la.numel()) * 4), 0);
+}
+
 TEST(GgufCheckpoint, SplitF32FileWithBiasesAndSharedExpert) {
   const auto f = fixture("qwen2_moe");
   const std::string path = kModels + "qwen2_moe-F32-00001-of-00002.gguf";
@@ -264,6 +302,21 @@ std::string rewrite(const std::string& name, const std::string& from, const std:
   return out;
 }
 
+// The same with the u32 value of metadata key `key` (after the key and its 4-byte type)
+// set to `value`.
+std::string rewrite_u32(const std::string& name, const std::string& key, uint32_t value, const std::string& source) {
+  std::ifstream in(kModels + source, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = bytes.find(key);
+  EXPECT_NE(at, std::string::npos) << key;
+  const uint32_t type = 4;  // GGUF_TYPE_UINT32
+  EXPECT_EQ(std::memcmp(bytes.data() + at + key.size(), &type, 4), 0) << key << " is not a u32";
+  std::memcpy(bytes.data() + at + key.size() + 4, &value, 4);
+  const std::string out = (std::filesystem::temp_directory_path() / name).string();
+  std::ofstream(out, std::ios::binary) << bytes;
+  return out;
+}
+
 void expect_error(const std::string& path, const std::vector<std::string>& parts) {
   try {
     Checkpoint::open(path);
@@ -288,21 +341,15 @@ TEST(GgufCheckpoint, BadFilesNameTheProblem) {
   expect_error(rewrite("moe_gguf_ernie_lead.gguf", "ernie4_5-moe.leading_dense_block_count",
                        "ernie4_5-moe.leading_dense_block_cxunt", "ernie4_5_moe-F32.gguf"),
                {"layer 0 lacks ffn_gate_exps", "leading_dense_block_count 0"});
-  // ERNIE's shared experts must have expert_shared_count x expert_feed_forward_length rows:
-  // the key's u32 value (after the key and its 4-byte type) set to 2.
-  std::string two = "ernie4_5-moe.expert_shared_count";
-  {
-    std::ifstream in(kModels + "ernie4_5_moe-F32.gguf", std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t at = bytes.find(two);
-    ASSERT_NE(at, std::string::npos);
-    const uint32_t type = 4, value = 2;  // GGUF_TYPE_UINT32
-    ASSERT_EQ(std::memcmp(bytes.data() + at + two.size(), &type, 4), 0);
-    std::memcpy(bytes.data() + at + two.size() + 4, &value, 4);
-    two = (std::filesystem::temp_directory_path() / "moe_gguf_ernie_shexp.gguf").string();
-    std::ofstream(two, std::ios::binary) << bytes;
-  }
-  expect_error(two, {"blk.2.ffn_up_shexp.weight", "expert_shared_count x expert_feed_forward_length = 2 x 16"});
+  // ERNIE's shared experts must have expert_shared_count x expert_feed_forward_length rows.
+  expect_error(rewrite_u32("moe_gguf_ernie_shexp.gguf", "ernie4_5-moe.expert_shared_count", 2, "ernie4_5_moe-F32.gguf"),
+               {"blk.2.ffn_up_shexp.weight", "expert_shared_count x expert_feed_forward_length = 2 x 16"});
+  // DeepSeek's attn_k_b must be [heads, kv_lora_rank, qk_nope_head_dim].
+  expect_error(rewrite_u32("moe_gguf_ds_rank.gguf", "deepseek2.attention.kv_lora_rank", 8, "deepseek_v3-F32.gguf"),
+               {"attn_k_b.weight", "kv_lora_rank 8"});
+  // An unknown gating function.
+  expect_error(rewrite_u32("moe_gguf_ds_gating.gguf", "deepseek2.expert_gating_func", 7, "deepseek_v3-F32.gguf"),
+               {"expert_gating_func is 7"});
 }
 
 TEST(GgufCheckpoint, OpenTellsAGgufFileByItsMagic) {

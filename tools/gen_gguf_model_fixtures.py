@@ -19,6 +19,12 @@ Into tests/fixtures/gguf/models/:
                         rows permuted for ggml's interleaved RoPE as the converter does
   ernie4_5_moe-F32.gguf tests/fixtures/ernie4_5_moe as `ernie4_5-moe` (a dense first layer,
                         a shared expert, the selection bias exp_probs_b, tied embeddings)
+  deepseek_v{3,2}-F32.gguf
+                        tests/fixtures/deepseek_v3 (q_lora, sigmoid noaux_tc, exp_probs_b) and
+                        deepseek_v2 (no q_lora: attn_q; softmax, group-limited) as `deepseek2`,
+                        kv_b_proj split into attn_k_b / attn_v_b as the converter does
+  deepseek_v3-BF16.gguf the same with its 2-D weights but the router rounded to BF16 (round to
+                        nearest even, as --outtype bf16)
   chat_qwen3-BF16.gguf  tests/fixtures/chat_qwen3 with its tokenizer and chat template in the
                         tokenizer.* metadata (tools/gen_gguf_tokenizer_fixtures.py's writer)
   qwen3moe-quant.gguf   a random Qwen3-MoE-shaped model whose tensors use every supported
@@ -259,6 +265,94 @@ def convert_ernie(src, out):
     w.close()
 
 
+def convert_deepseek(src, out, outtype):
+    """A DeepSeek-V2/V3 fixture -> GGUF as convert_hf_to_gguf.py's DeepseekV2Model writes it:
+    TextModel's hparams (the MQA view: head_count_kv 1) plus MLA's (q_lora_rank when there
+    is one, kv_lora_rank, key_length = kv_lora + rope, value_length = kv_lora, the per-head
+    key_length_mla / value_length_mla, rope.dimension_count) and the router's; kv_b_proj
+    split into attn_k_b [heads, kv_lora, nope] (transposed) and attn_v_b [heads, v, kv_lora];
+    experts stacked; the router bias renamed e_score_correction.bias; names from gguf-py's
+    TensorNameMap. outtype: T.F32, or T.BF16 for the 2-D weights (norms, router and bias F32)."""
+    cfg, tensors = load_dir(os.path.join(FIX, src))
+    L, E, H = cfg["num_hidden_layers"], cfg["n_routed_experts"], cfg["num_attention_heads"]
+    nope, rope_d, v, R = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    rope = cfg.get("rope_parameters") or {}
+    arch = gguf.MODEL_ARCH.DEEPSEEK2
+    names = gguf.get_tensor_name_map(arch, L)
+    w = gguf.GGUFWriter(out, gguf.MODEL_ARCH_NAMES[arch])
+    w.add_block_count(L)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(H)
+    w.add_head_count_kv(1)
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if cfg.get("n_group") is not None:
+        w.add_expert_group_count(cfg["n_group"])
+    if cfg.get("topk_group") is not None:
+        w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if cfg["scoring_func"] == "sigmoid"
+                             else gguf.ExpertGatingFuncType.SOFTMAX)
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("q_lora_rank") is not None:
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_kv_lora_rank(R)
+    w.add_key_length(R + rope_d)
+    w.add_value_length(R)
+    w.add_key_length_mla(nope + rope_d)
+    w.add_value_length_mla(v)
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_count(E)
+    w.add_expert_shared_count(cfg.get("n_shared_experts", 0))
+    if cfg.get("routed_scaling_factor") is not None:
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    if cfg.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(rope_d)
+    tokens, _ = vocab(256)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("deepseek-v3")
+    w.add_token_list(tokens[: cfg["vocab_size"]])
+    w.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
+
+    def add(gname, a):
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if outtype == T.BF16 and a.ndim >= 2 and "ffn_gate_inp" not in gname:
+            w.add_tensor(gname, (a.view(np.uint32) >> 16).astype(np.uint16), raw_dtype=T.BF16)  # values are bf16
+        else:
+            w.add_tensor(gname, a)
+
+    def gname(hf):
+        return names.get_name(hf, try_suffixes=(".weight", ".bias"))
+
+    experts = {}
+    for name in sorted(tensors):
+        a = as_f32(tensors[name])
+        if outtype == T.BF16:  # the BF16 file holds bf16 values; the reference directory is this rounding
+            a = ((a.view(np.uint32) + 0x7FFF + ((a.view(np.uint32) >> 16) & 1)) & 0xFFFF0000).view(np.float32) \
+                if a.ndim >= 2 and ".mlp.gate." not in name else a
+        hf = name.replace("e_score_correction_bias", "e_score_correction.bias")
+        m = hf.split(".")
+        if ".mlp.experts." in hf:
+            experts.setdefault((int(m[2]), m[6]), {})[int(m[5])] = a
+        elif hf.endswith("kv_b_proj.weight"):
+            kv_b = a.reshape(H, nope + v, R)
+            add(gname(hf.replace("kv_b_proj", "k_b_proj")), kv_b[:, :nope, :].transpose(0, 2, 1))
+            add(gname(hf.replace("kv_b_proj", "v_b_proj")), kv_b[:, nope:, :])
+        else:
+            add(gname(hf), a)
+    for (l, proj), per in sorted(experts.items()):
+        assert sorted(per) == list(range(E))
+        add(gname(f"model.layers.{l}.mlp.experts.{proj}.weight"), np.stack([per[e] for e in range(E)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 # ---- the quantised model -------------------------------------------------------------
 
 QCFG = {
@@ -374,6 +468,9 @@ def main():
     convert("chat_qwen3", "qwen3moe", os.path.join(OUT, "chat_qwen3-BF16.gguf"), f32=False, tokenizer="chat_qwen3")
     convert_mixtral("mixtral", os.path.join(OUT, "mixtral-F32.gguf"))
     convert_ernie("ernie4_5_moe", os.path.join(OUT, "ernie4_5_moe-F32.gguf"))
+    convert_deepseek("deepseek_v3", os.path.join(OUT, "deepseek_v3-F32.gguf"), T.F32)
+    convert_deepseek("deepseek_v2", os.path.join(OUT, "deepseek_v2-F32.gguf"), T.F32)
+    convert_deepseek("deepseek_v3", os.path.join(OUT, "deepseek_v3-BF16.gguf"), T.BF16)
     quantised()
 
 

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "core/check.h"
+#include "loader/gguf/gguf_deepseek.h"
 #include "loader/gguf/gguf_file.h"
 #include "loader/gguf/gguf_types.h"
 
@@ -14,7 +15,7 @@ namespace moe::gguf {
 
 namespace {
 
-constexpr const char* kSupportedArchs = "qwen3moe, qwen2moe, llama (with experts: Mixtral), ernie4_5-moe";
+constexpr const char* kSupportedArchs = "qwen3moe, qwen2moe, llama (with experts: Mixtral), ernie4_5-moe, deepseek2";
 
 struct Arch {
   std::string name;      // general.architecture
@@ -49,9 +50,12 @@ Arch arch_of(const GgufModel& m) {
     r.router_bias = "mlp.moe_statics.e_score_correction_bias";
     return r;
   }
-  if (a == "deepseek2")
-    MOE_FAIL("gguf model '{}': general.architecture '{}' is one of our families but loading it from GGUF is not "
-             "supported yet (supported: {}); use its Hugging Face checkpoint", file, a, kSupportedArchs);
+  if (a == "deepseek2") {  // model_type (V2 or V3) comes from the gating function: gguf_deepseek.h
+    Arch r{a, "", ""};
+    r.shared_block = "mlp.shared_experts";
+    r.router_bias = "mlp.gate.e_score_correction_bias";
+    return r;
+  }
   MOE_FAIL("gguf model '{}': general.architecture '{}' is not a supported architecture (supported: {})", file, a,
            kSupportedArchs);
 }
@@ -173,6 +177,8 @@ nlohmann::json config_from_gguf(const GgufModel& m) {
                 "(Mixtral) has them in every layer", file, l);
   } else if (a.name == "ernie4_5-moe") {
     ernie_moe_config(m, c);
+  } else if (a.name == "deepseek2") {
+    deepseek2_config(m, c);
   } else {
     c["intermediate_size"] = md.opt_u32(key("feed_forward_length")).value_or(0);
     c["moe_intermediate_size"] = md.get_u32(key("expert_feed_forward_length"));
@@ -230,6 +236,16 @@ std::optional<std::string> layer_name(const Arch& a, const std::string& suffix) 
   if (suffix == "ffn_up_shexp.weight") return a.shared_block + ".up_proj.weight";
   if (suffix == "ffn_down_shexp.weight") return a.shared_block + ".down_proj.weight";
   if (suffix == "exp_probs_b.bias" && !a.router_bias.empty()) return a.router_bias;
+  if (a.name == "deepseek2") {  // MLA (attn_k_b / attn_v_b: compose_kv_b)
+    static const std::map<std::string, std::string> mla = {
+        {"attn_q_a.weight", "self_attn.q_a_proj.weight"},     {"attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"},
+        {"attn_q_b.weight", "self_attn.q_b_proj.weight"},     {"attn_q.weight", "self_attn.q_proj.weight"},
+        {"attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+        {"attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"},
+        {"attn_kv_b.weight", "self_attn.kv_b_proj.weight"},
+    };
+    if (auto it = mla.find(suffix); it != mla.end()) return it->second;
+  }
   static const std::map<std::string, std::string> names = {
       {"attn_norm", "input_layernorm"},      {"ffn_norm", "post_attention_layernorm"},
       {"attn_q", "self_attn.q_proj"},        {"attn_k", "self_attn.k_proj"},
@@ -284,7 +300,9 @@ CheckpointTables checkpoint_tables(const GgufModel& m) {
                   "layer of the {} the metadata has", path, t.name, part->path(), L);
         const std::string suffix = t.name.substr(dot + 1);
         const std::string prefix = fmt::format("model.layers.{}.", l);
-        if (auto it = experts.find(suffix); it != experts.end()) {
+        if (arch.name == "deepseek2" && (suffix == "attn_k_b.weight" || suffix == "attn_v_b.weight")) {
+          continue;  // read by compose_kv_b below
+        } else if (auto it = experts.find(suffix); it != experts.end()) {
           MOE_CHECK(t.n_dims == 3, "gguf model '{}': tensor {} should be 3-D [experts, rows, cols]", path,
                     t.describe());
           // Expert e is rows [e * ne[1], (e + 1) * ne[1]) of the [ne[2] * ne[1], ne[0]] rows.
@@ -307,6 +325,8 @@ CheckpointTables checkpoint_tables(const GgufModel& m) {
         SafetensorsFile::from_table(part->mapping(), part->file_size(), part->data_start(), part->path(), infos,
                                     part->backing()));
   }
+  if (arch.name == "deepseek2")
+    if (auto kv_b = compose_kv_b(m, out.config)) out.files.push_back(std::move(kv_b));
   return out;
 }
 

@@ -15,10 +15,11 @@
 // loaders then convert or quantise like any float weight. A type outside
 // ggml_supported_types() is an error naming the tensor, its type and the supported ones.
 //
-// Architectures: qwen3moe (Qwen3-MoE) and qwen2moe (Qwen1.5/Qwen2-MoE). The others of our
-// families (deepseek2, llama with experts, ernie4_5-moe) are an error naming them:
-// llama's q/k rows are permuted for ggml's interleaved RoPE and deepseek2 splits kv_b,
-// which this mapping does not undo yet.
+// Architectures: qwen3moe (Qwen3-MoE), qwen2moe (Qwen1.5/Qwen2-MoE), llama with experts
+// (Mixtral: its q/k rows, permuted for ggml's interleaved RoPE, run with interleaved
+// RoPE), ernie4_5-moe (ERNIE-4.5 MoE) and deepseek2 (DeepSeek-V2/V3, MLA: the
+// converter's attn_k_b / attn_v_b are composed back into kv_b_proj, gguf_deepseek.h).
+// Any other architecture is an error naming the supported ones.
 #pragma once
 
 #include <memory>
