@@ -162,10 +162,16 @@ void build_tasks(const gg::Job& j, int64_t n_experts, int64_t np, int nt, std::v
   // Panels per decode task: ~kDecodeTaskBytes, but at least ~8 tasks per thread for balance.
   int64_t g = std::max<int64_t>(1, kDecodeTaskBytes / std::max<int64_t>(1, j.panel_stride));
   g = std::min(g, std::max<int64_t>(1, decode_panels / (8 * nt)));
+  // Prefill tasks are one panel each, except int4's: each task sums its rows' activations
+  // per group (the zero-point term) before its panels, so an int4 task takes 4 panels
+  // (with 64-column panels of K = 2048, 256 KiB of weights: L2 holds them across the row
+  // blocks), which divides that work by 4 and still leaves an expert's 2 x 12..16 panels
+  // in 6..8 tasks.
+  const int64_t prefill_step = j.i4_n_groups > 0 ? 4 : 1;
   for (int64_t e = 0; e < n_experts; ++e) {
     const int64_t rows = j.offsets[e + 1] - j.offsets[e];
     if (rows == 0) continue;
-    const int64_t step = rows <= kDecodeMaxRows ? g : 1;
+    const int64_t step = rows <= kDecodeMaxRows ? g : prefill_step;
     for (int64_t P = 0; P < np; P += step)
       tasks.push_back({static_cast<int32_t>(e), static_cast<int32_t>(P), static_cast<int32_t>(std::min(np, P + step))});
   }

@@ -13,13 +13,16 @@
 // float steps are the portable runner's (acc + (float)isum * scale: a multiply, then an
 // add, no FMA; the project builds with -ffp-contract=off), so every ISA gives the same bits.
 //
-// Blocking: up to kMaxRows = 6 rows x 64 columns = 24 zmm int32 accumulators, named locals (with
-// an array GCC 12 keeps them in memory: see grouped_gemm_int8_avx512.cpp). A k step does
+// Blocking: up to kMaxRows = 4 rows x 64 columns = 16 zmm int32 accumulators, named locals (with
+// an array GCC 12 keeps them in memory: see grouped_gemm_int8_avx512.cpp). At 6 rows (24
+// accumulators) GCC 12 spilled accumulators to the stack inside the k loop: the MoE layer
+// bench at T = 512 (qwen3-30b-a3b shape, 2 threads, Zen 4) ran 88-90 ms there, 78-80 at 4. A k step does
 // the low quads of the 4 column blocks, then the high quads, reloading the 256 bytes of
 // the octet from L1 for the second half, so the accumulators, 4 decoded blocks, the nibble
 // mask and one broadcast fit the 32 zmm registers. At a group's end the int32 sums become
 // f32 (acc[row][64] in L1) and are reset. Decode (one row block) prefetches the weight
-// stream 4 KiB ahead into L2 (T1), as the AVX2 and int8 kernels do.
+// stream 4 KiB ahead into L2 (T1), as the AVX2 and int8 kernels do. The epilogue (the
+// activation) runs in zmm too.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
@@ -27,12 +30,13 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/grouped_gemm_avx512_common.h"
 #include "kernels/grouped_gemm_int4_impl.h"
 
 namespace moe::gg {
 namespace {
 
-constexpr int kPrefetchBytes = 4096;
+// kPrefetchBytes (4 KiB): grouped_gemm_avx512_common.h.
 
 inline int32_t load_i32(const int8_t* p) {
   int32_t v;
@@ -71,7 +75,45 @@ inline int32_t load_i32(const int8_t* p) {
   }
 
 struct Avx512Vnni {
-  static constexpr int kMaxRows = 6;
+  static constexpr int kMaxRows = 4;  // the MOE_I4_ROW / MOE_I4_FLUSH rows 0..3 below
+
+// i4_group_sums with vpdpbusd against ones: each int32 lane sums 4 bytes, 8 lanes make a
+// group of 32 (integer sums: any order gives the same value). Whole groups inside K
+// only; a group that reaches past K (the fixtures' odd K) takes the scalar loop.
+static void group_sums(const int8_t* a, int64_t K, int64_t group, int64_t n_groups, int32_t* sa) {
+  int64_t G = 0;
+  if (group % 32 == 0) {
+    const __m256i ones = _mm256_set1_epi8(1);
+    const int64_t per = group / 32;  // 32-byte pieces per group
+    for (; G < n_groups && (G + 1) * group <= K; ++G) {
+      __m256i acc = _mm256_setzero_si256();
+      for (int64_t h = 0; h < per; ++h)
+        acc = _mm256_dpbusd_epi32(acc, ones,
+                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + G * group + 32 * h)));
+      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+      sa[G] = _mm_cvtsi128_si32(s);
+    }
+  }
+  if (G < n_groups) i4_group_sums(a + G * group, K - G * group, group, n_groups - G, sa + G);
+}
+
+// i4_epilogue_row in zmm: t = acc * a_scale, then act(gate) * up or t (ActMath<Avx512Ops>
+// does the scalar ActMath's operations lane by lane), stored as c_dtype.
+static void epilogue_row(const Job& j, float* acc, float a_scale, char* crow, int64_t col0, int nv) {
+  const __m512 vas = _mm512_set1_ps(a_scale);
+  if (j.gated) {
+    for (int h = 0; h < 2; ++h) {
+      const __m512 g = ActMath<Avx512Ops>::gate(j.act, _mm512_mul_ps(_mm512_load_ps(acc + 16 * h), vas));
+      const __m512 u = _mm512_mul_ps(_mm512_load_ps(acc + kGateCols + 16 * h), vas);
+      store16(j, crow, col0 + 16 * h, _mm512_mul_ps(g, u), col_mask(nv, 16 * h));
+    }
+    return;
+  }
+  for (int q = 0; q < 4; ++q)
+    store16(j, crow, col0 + 16 * q, _mm512_mul_ps(_mm512_load_ps(acc + 16 * q), vas), col_mask(nv, 16 * q));
+}
 
 // acc[r][0..64) = the panel's dequantised sums for rows a[0..MR) (acc zeroed by the caller).
 template <int MR, bool kPrefetch>
@@ -81,7 +123,6 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
   const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
   __m512i c00 = zero, c01 = zero, c02 = zero, c03 = zero, c10 = zero, c11 = zero, c12 = zero, c13 = zero;
   __m512i c20 = zero, c21 = zero, c22 = zero, c23 = zero, c30 = zero, c31 = zero, c32 = zero, c33 = zero;
-  __m512i c40 = zero, c41 = zero, c42 = zero, c43 = zero, c50 = zero, c51 = zero, c52 = zero, c53 = zero;
   for (int64_t G = 0; G < ng; ++G) {
     const int64_t o1 = std::min(n_oct, (G + 1) * go);
     for (int64_t o = G * go; o < o1; ++o) {
@@ -95,11 +136,11 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
       }
       {
         MOE_I4_DECODE(0)
-        MOE_I4_ROW(0, 0) MOE_I4_ROW(1, 0) MOE_I4_ROW(2, 0) MOE_I4_ROW(3, 0) MOE_I4_ROW(4, 0) MOE_I4_ROW(5, 0)
+        MOE_I4_ROW(0, 0) MOE_I4_ROW(1, 0) MOE_I4_ROW(2, 0) MOE_I4_ROW(3, 0)
       }
       {
         MOE_I4_DECODE(4)
-        MOE_I4_ROW(0, 4) MOE_I4_ROW(1, 4) MOE_I4_ROW(2, 4) MOE_I4_ROW(3, 4) MOE_I4_ROW(4, 4) MOE_I4_ROW(5, 4)
+        MOE_I4_ROW(0, 4) MOE_I4_ROW(1, 4) MOE_I4_ROW(2, 4) MOE_I4_ROW(3, 4)
       }
     }
     const uint8_t* zg = wz + G * kPanel;
@@ -110,7 +151,7 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
     const __m512i z3 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg + 48)));
     const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16), s2 = _mm512_loadu_ps(sg + 32),
                  s3 = _mm512_loadu_ps(sg + 48);
-    MOE_I4_FLUSH(0) MOE_I4_FLUSH(1) MOE_I4_FLUSH(2) MOE_I4_FLUSH(3) MOE_I4_FLUSH(4) MOE_I4_FLUSH(5)
+    MOE_I4_FLUSH(0) MOE_I4_FLUSH(1) MOE_I4_FLUSH(2) MOE_I4_FLUSH(3)
   }
 }
 #undef MOE_I4_DECODE

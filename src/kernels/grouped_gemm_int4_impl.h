@@ -57,7 +57,14 @@ inline void i4_epilogue_row(const Job& j, const float* acc, float a_scale, char*
 //   template <int MR, bool kPrefetch> static void panel_block(const Job&, const uint8_t* panel,
 //       const float* ws, const uint8_t* wz, const int8_t* const* a, const int32_t* sa,
 //       float (*acc)[kPanel]);
-// which adds one panel's dequantised group sums for rows a[0..MR) into acc. The task's
+// which adds one panel's dequantised group sums for rows a[0..MR) into acc, and two
+// vector forms of the scalar helpers, same results:
+//   static void group_sums(...)    i4_group_sums' signature (prefill tasks are one panel
+//                                  each, so every task sums its rows again),
+//   static void epilogue_row(const Job&, float* acc, float a_scale, char* crow,
+//                            int64_t col0, int nv)   i4_epilogue_row's operations lane by
+//                                  lane (acc may be overwritten; a gated panel's
+//                                  activation is 32 exp and divides per row). The task's
 // rows go in blocks of at most kMaxRows, as even as possible (7 rows at 6: 4 + 3), each
 // block's group sums computed once; decode (<= kDecodeMaxRows rows) prefetches the
 // weight stream. A row's result does not depend on its block (integer sums, then the
@@ -74,7 +81,7 @@ void i4_rows_block(const Job& j, const Task& t, int64_t row0, const int8_t* cons
     for (int r = 0; r < MR; ++r) {
       float as;
       std::memcpy(&as, reinterpret_cast<const char*>(a[r]) + j.a_scale_off, 4);
-      i4_epilogue_row(j, acc[r], as, j.c + (row0 + r) * j.ldc_bytes, P * per, valid_cols(j, P));
+      K::epilogue_row(j, acc[r], as, j.c + (row0 + r) * j.ldc_bytes, P * per, valid_cols(j, P));
     }
   }
 }
@@ -102,7 +109,7 @@ void i4_run_task(const Job& j, const Task& t) {
     const int8_t* a[K::kMaxRows];
     for (int r = 0; r < mr; ++r) {
       a[r] = reinterpret_cast<const int8_t*>(j.a + (r0 + rb + r) * j.lda_bytes);
-      i4_group_sums(a[r], j.k, j.i4_group_oct * 8, ng, sa.data() + r * ng);
+      K::group_sums(a[r], j.k, j.i4_group_oct * 8, ng, sa.data() + r * ng);
     }
     if (decode) {
       i4_run_rows<K, true>(mr, j, t, r0 + rb, a, sa.data());
