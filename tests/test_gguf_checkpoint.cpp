@@ -228,7 +228,7 @@ TEST(GgufCheckpoint, Q4_0LinearIsExactInt4) {
     for (int rank = 0; rank < size; ++rank) {
       LinearRead rd;
       rd.weight = TensorRead{key, {N, K}, size == 1 ? ShardRule::replicated() : ShardRule::row(), rank, size, 0};
-      const Linear l = load_linear(g, rd, DType::BF16, true);
+      const Linear l = load_linear(g, rd, LinearOptions::keeping_int4(DType::BF16));
       ASSERT_EQ(l.w.int4_group, 32);
       Tensor u, z, sc;
       unpack_expert_q4(l.w, 0, u, z, sc);

@@ -192,7 +192,7 @@ TEST(HfInt4Loader, LinearsAreExactInt4) {
           for (int rank = 0; rank < size; ++rank) {
             LinearRead rd;
             rd.weight = TensorRead{key, {N, K}, rule, rank, size, 1};
-            const Linear l = load_linear(q, rd, DType::BF16, true);
+            const Linear l = load_linear(q, rd, LinearOptions::keeping_int4(DType::BF16));
             const int64_t group = l.w.int4_group;
             ASSERT_EQ(group, hf_int4::kernel_group(q));
             Tensor u, z, sc;
@@ -265,7 +265,7 @@ TEST(HfInt4Loader, ActOrderGIdxLoadsDequantisedExactly) {
     LinearRead lr;
     lr.weight = TensorRead{attn + ".weight", {64, 64}, size == 1 ? ShardRule::replicated() : ShardRule::column(), 1 % size,
                            size, 0};
-    const Linear l = load_linear(a, lr, DType::F32, true);
+    const Linear l = load_linear(a, lr, LinearOptions::keeping_int4(DType::F32));
     ASSERT_EQ(l.w.int4_group, 32);
     ASSERT_TRUE(l.in_perm.defined());
     const int32_t* perm = l.in_perm.data<int32_t>();
@@ -292,11 +292,11 @@ TEST(HfInt4Loader, ActOrderGIdxLoadsDequantisedExactly) {
   LinearRead lr;
   lr.weight = TensorRead{attn + ".weight", {64, 64}, ShardRule::row(), 1, 2, 0};
   EXPECT_FALSE(hf_int4::act_order(a, lr.weight).has_value());
-  EXPECT_EQ(load_linear(a, lr, DType::F32, true).w.int4_group, 0);  // dequantised
+  EXPECT_EQ(load_linear(a, lr, LinearOptions::keeping_int4(DType::F32)).w.int4_group, 0);  // dequantised
   lr.weight = TensorRead{attn + ".weight", {64, 64}, ShardRule::replicated(), 0, 1, 0};
   lr.weight.key = "model.layers.0.self_attn.k_proj.weight";
   lr.weight.shape = {32, 64};
-  EXPECT_EQ(load_linear(a, lr, DType::F32, true).w.int4_group, 32);  // untouched: int4
+  EXPECT_EQ(load_linear(a, lr, LinearOptions::keeping_int4(DType::F32)).w.int4_group, 32);  // untouched: int4
   const MoeConfig cfg = MoeConfig::from_hf(a.config());
   MlpLoadOptions o;
   EXPECT_EQ(load_moe_layer(a, cfg, 0, o).w13.int4_group, 32);

@@ -88,7 +88,8 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
       ->check(CLI::IsMember({"none", "w8a8", "w4a8"}))
       ->capture_default_str();
   cmd->add_option("--int4-group", o.int4_group,
-                  "With --quantize w4a8: input values per weight group (32, 64 or 128). 32 (the default) is the "
+                  "With --quantize w4a8 or --quantize-linears w4a8: input values per weight group (32, 64 or 128). "
+                  "32 (the default) is the "
                   "most accurate for this round-to-nearest quantiser (no calibration); 128 reads 18% fewer bytes "
                   "(0.54 instead of 0.66 bytes per weight, f32 scales and zero points included). See "
                   "docs/PERF_QUANT.md")
@@ -97,12 +98,14 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
   cmd->add_option("--quantize-linears", o.quantize_linears,
                   "Quantise the attention projections (q/k/v/o; MLA q_a/q_b/kv_a/o) and lm_head at load: w8a8 = "
                   "int8 weights with per-output-channel scales (absmax/127) and per-token dynamic int8 inputs, as "
-                  "--quantize w8a8 does for the experts. Attention and lm_head are half the bytes a decode step "
+                  "--quantize w8a8 does for the experts; w4a8 = 4-bit weights with a scale and zero point per "
+                  "--int4-group inputs (0.66 byte per weight at 32 against int8's 1.0: fewer bytes per decode step, "
+                  "a slower GEMM at prefill) and the same int8 inputs. Attention and lm_head are half the bytes a decode step "
                   "reads in a 4-layer Qwen3-30B-A3B-shaped model, so with quantised experts they set the pace. The "
                   "attention itself (scores, softmax, KV cache), norms, router and embedding stay f32/--dtype. none: "
                   "as stored (a GGUF's Q4_0 linears stay 4-bit, exactly: fewer bytes per decode step than int8, but "
                   "about half int8's prefill speed; its other quantised types are dequantised to --dtype)")
-      ->check(CLI::IsMember({"none", "w8a8"}))
+      ->check(CLI::IsMember({"none", "w8a8", "w4a8"}))
       ->capture_default_str();
   cmd->add_option("--max-seq-len", o.max_seq_len,
                   "Positions per sequence in the KV cache, allocated up front (default: the longest prompt plus "
@@ -138,6 +141,7 @@ Loaded load(const CommonOpts& o, int64_t max_new, bool count_experts, const std:
   mo.quantize_w4a8 = o.quantize == "w4a8";
   mo.int4_group = o.int4_group;
   mo.quantize_linears = o.quantize_linears == "w8a8";
+  mo.quantize_linears_w4a8 = o.quantize_linears == "w4a8";
   mo.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
   mo.max_seq = o.max_seq_len > 0 ? o.max_seq_len : std::max<int64_t>(1, longest + max_new);
   mo.n_slots = static_cast<int64_t>((L.prompts.size() + o.parallel.par.dp - 1) / o.parallel.par.dp);

@@ -21,7 +21,7 @@ struct CommonOpts {
   // dtype: "auto" (the checkpoint's own: resolve_auto_dtype), "f32" or "bf16".
   std::string model_dir, prompt_ids, dtype = "auto", quantize = "none";
   int64_t int4_group = 32;  // --int4-group, with --quantize w4a8
-  std::string quantize_linears = "none";  // --quantize-linears: none or w8a8
+  std::string quantize_linears = "none";  // --quantize-linears: none, w8a8 or w4a8
   int64_t max_seq_len = 0;
   std::string kv_cache_dtype = "bf16";  // --kv-cache-dtype: f32 or bf16 (KvCacheShape::dtype)
   ParallelOptions parallel;

@@ -156,8 +156,8 @@ std::vector<TensorRead> AttentionReads::all() const {
 
 // ---- GQA ---------------------------------------------------------------------------
 
-GqaAttention::GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& k, DType dt, int r,
-                           int tp, bool q4) {
+GqaAttention::GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& k,
+                           const LinearOptions& lin, int r, int tp) {
   const AttentionReads rd = attention_reads(cfg, k, r, tp);
   n_heads_ = cfg.n_heads / tp;
   n_kv_ = cfg.n_kv_heads / tp;
@@ -184,10 +184,10 @@ GqaAttention::GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const A
     cache_v_ = aq.cache_v;
     qs_scales_ = aq.has_qs;
   } else {
-    q_ = load_linear(ck, *rd.q, dt, q4);
-    k_ = load_linear(ck, *rd.k, dt, q4);
-    v_ = load_linear(ck, *rd.v, dt, q4);
-    o_ = load_linear(ck, rd.o, dt, q4);
+    q_ = load_linear(ck, *rd.q, lin);
+    k_ = load_linear(ck, *rd.k, lin);
+    v_ = load_linear(ck, *rd.v, lin);
+    o_ = load_linear(ck, rd.o, lin);
   }
   if (rd.q_norm) {
     q_norm_ = load_f32(ck, *rd.q_norm);
@@ -249,8 +249,8 @@ void GqaAttention::forward(const AttnContext& c, const float* x, float* out, Att
 
 // ---- MLA ---------------------------------------------------------------------------
 
-MlaAttention::MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& k, DType dt, int r,
-                           int tp) {
+MlaAttention::MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& k,
+                           const LinearOptions& lin, int r, int tp) {
   const AttentionReads rd = attention_reads(cfg, k, r, tp);
   n_heads_ = cfg.n_heads / tp;
   q_lora_ = cfg.q_lora_rank;
@@ -264,16 +264,16 @@ MlaAttention::MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const A
   rc.dim = rope_dim_;
   rope_ = Rope(rc);
   if (rd.q_a) {
-    q_a_ = load_linear(ck, *rd.q_a, dt);
+    q_a_ = load_linear(ck, *rd.q_a, lin);
     q_a_norm_ = load_f32(ck, *rd.q_a_norm);
-    q_b_ = load_linear(ck, *rd.q_b, dt);
+    q_b_ = load_linear(ck, *rd.q_b, lin);
   } else {
-    q_ = load_linear(ck, *rd.q, dt);
+    q_ = load_linear(ck, *rd.q, lin);
   }
-  kv_a_ = load_linear(ck, *rd.kv_a, dt);
+  kv_a_ = load_linear(ck, *rd.kv_a, lin);
   kv_a_norm_ = load_f32(ck, *rd.kv_a_norm);
   Tensor kv_b = load_f32(ck, *rd.kv_b);  // this rank's heads: [n_heads*(nope+v), kv_lora]
-  if (dt == DType::BF16)  // the bf16 engine holds bf16 weights: round them the same way
+  if (lin.compute == DType::BF16)  // the bf16 engine holds bf16 weights: round them the same way
     for (int64_t i = 0; i < kv_b.numel(); ++i) kv_b.data<float>()[i] = round_bf16(kv_b.data<float>()[i]);
   w_uk_ = Tensor::empty({n_heads_, nope_, kv_lora_}, DType::F32);
   w_uv_ = Tensor::empty({n_heads_, v_dim_, kv_lora_}, DType::F32);
@@ -282,7 +282,7 @@ MlaAttention::MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const A
     std::memcpy(w_uk_.data<float>() + h * nope_ * kv_lora_, src, nope_ * kv_lora_ * sizeof(float));
     std::memcpy(w_uv_.data<float>() + h * v_dim_ * kv_lora_, src + nope_ * kv_lora_, v_dim_ * kv_lora_ * sizeof(float));
   }
-  o_ = load_linear(ck, rd.o, dt);
+  o_ = load_linear(ck, rd.o, lin);
 }
 
 void MlaAttention::forward(const AttnContext& c, const float* x, float* out, AttnScratch& s) const {

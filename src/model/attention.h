@@ -80,9 +80,10 @@ struct AttnContext {
 
 class GqaAttention {
  public:
-  // gguf_q4_0_as_int4: GGUF Q4_0 projections stay 4-bit (load_linear).
-  GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& keys, DType compute, int tp_rank,
-               int tp_size, bool gguf_q4_0_as_int4 = false);
+  // lin: how the projections are stored (load_linear: the compute dtype, W8A8, W4A8, or
+  // GGUF / GPTQ int4 kept as it is).
+  GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& keys, const LinearOptions& lin,
+               int tp_rank, int tp_size);
   // x [T, H] f32 (normed) -> out [T, H] f32, this rank's partial o_proj output.
   void forward(const AttnContext& ctx, const float* x, float* out, AttnScratch& s) const;
   int64_t cache_dim() const { return n_kv_ * head_dim_; }  // both planes
@@ -104,8 +105,10 @@ class GqaAttention {
 
 class MlaAttention {
  public:
-  MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& keys, DType compute, int tp_rank,
-               int tp_size);
+  // lin as for GqaAttention, for q_a / q_b (or q), kv_a and o; kv_b (absorbed into the
+  // attention) stays f32, rounded to bf16 values when lin.compute is bf16.
+  MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& keys, const LinearOptions& lin,
+               int tp_rank, int tp_size);
   void forward(const AttnContext& ctx, const float* x, float* out, AttnScratch& s) const;
   int64_t cache_a_dim() const { return kv_lora_; }
   int64_t cache_b_dim() const { return rope_dim_; }

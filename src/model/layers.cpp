@@ -37,16 +37,19 @@ Tensor load_f32(const Checkpoint& ck, const TensorRead& r) {
   return load_sharded(ck, r, DType::F32);
 }
 
-Linear make_linear(const Tensor& w, DType compute, const Tensor& bias) {
+Linear make_linear(const Tensor& w, const LinearOptions& o, const Tensor& bias) {
   MOE_CHECK(w.ndim() == 2, "linear weight must be 2-D, got {}", w.describe());
   Linear l;
-  l.w = make_packed_experts(1, w.dim(0), w.dim(1), compute, false);
+  l.w = o.int4_group > 0 ? make_packed_experts_int4(1, w.dim(0), w.dim(1), /*gated=*/false, o.int4_group)
+                         : make_packed_experts(1, w.dim(0), w.dim(1), o.compute, false);
   pack_expert(l.w, 0, w);
   if (bias.defined()) l.bias = bias.to(DType::F32);
   return l;
 }
 
-Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute, bool gguf_q4_0_as_int4) {
+Linear load_linear(const Checkpoint& ck, const LinearRead& r, const LinearOptions& o) {
+  const DType compute = o.compute;
+  const bool gguf_q4_0_as_int4 = o.keep_int4;
   const Tensor bias = r.bias ? load_f32(ck, *r.bias) : Tensor();
   Linear l;
   if (hf_int4::is_int4_weight(ck, r.weight.key)) {
@@ -64,7 +67,7 @@ Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute, boo
       }
       l.bias = bias;
     } else {
-      l = make_linear(hf_int4::dequantize(ck, r.weight), compute, bias);
+      l = make_linear(hf_int4::dequantize(ck, r.weight), o, bias);
     }
   } else if (gguf_q4_0_as_int4 && gguf::is_q4_0(ck, r.weight)) {
     const ShardPlan p = plan_shard(r.weight);
@@ -73,7 +76,7 @@ Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute, boo
     l.w = make_packed_experts_int4(1, p.out_shape[0], p.out_shape[1], /*gated=*/false, 32);
     gguf::pack_q4_0_matrix(ck, l.w, 0, r.weight);
     l.bias = bias;
-  } else if (compute == DType::BF16 && is_fp8_weight(ck, r.weight.key)) {
+  } else if (compute == DType::BF16 && o.int4_group == 0 && is_fp8_weight(ck, r.weight.key)) {
     // Block-scaled FP8 stays e4m3 in memory; the GEMM dequantises it panel by panel.
     const Fp8Slice s = load_fp8_slice(ck, r.weight);
     MOE_CHECK(s.codes.ndim() == 2, "fp8 weight '{}': a linear layer's weight must be a matrix, got {}", r.weight.key,
@@ -82,7 +85,7 @@ Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute, boo
     pack_fp8(l.w, 0, s);
     l.bias = bias;
   } else if (is_fp8_weight(ck, r.weight.key)) {
-    l = make_linear(load_f32(ck, r.weight), compute, bias);  // dequantised exactly
+    l = make_linear(load_f32(ck, r.weight), o, bias);  // dequantised exactly
   } else {
     // Packed from the checkpoint's dtype (a view of the mapping, or this rank's strided
     // slice), not from an f32 copy: no transient 2x (bf16) copy of e.g. a [V, H] lm_head.
@@ -90,7 +93,7 @@ Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute, boo
     MOE_CHECK(w.dtype() == DType::F32 || w.dtype() == DType::BF16 || w.dtype() == DType::F16,
               "tensor '{}' in {} has dtype {}, expected f32, bf16 or f16 (or f8_e4m3 with block scales)",
               r.weight.key, ck.file_of(r.weight.key), dtype_name(w.dtype()));
-    l = make_linear(w, compute, bias);
+    l = make_linear(w, o, bias);
   }
   release_sharded(ck, r.weight);  // packed: the file's pages leave the process
   return l;

@@ -73,17 +73,36 @@ struct Linear {
   int64_t n_in() const { return w.k; }
 };
 
+// How load_linear / make_linear store a weight. A DType converts to the plain case.
+struct LinearOptions {
+  LinearOptions(DType c = DType::F32) : compute(c) {}  // NOLINT(google-explicit-constructor)
+  // f32 or bf16, or I8: W8A8 (--quantize-linears w8a8: per-output-channel int8 weights).
+  DType compute;
+  // > 0 (--quantize-linears w4a8): float weights become W4A8 int4 with zero points and
+  // groups of this many inputs (32, 64 or 128), as --quantize w4a8 makes the experts;
+  // `compute` is then unused. Under --tp a row-parallel projection quantises its slice.
+  int64_t int4_group = 0;
+  // GGUF Q4_0 and GPTQ / AWQ / compressed-tensors int4 weights stay int4 (exactly).
+  bool keep_int4 = false;
+  static LinearOptions keeping_int4(DType c) {
+    LinearOptions o(c);
+    o.keep_int4 = true;
+    return o;
+  }
+};
+
 // bf16 compute keeps an FP8 block-scaled weight as e4m3; f32 compute dequantises it.
-// gguf_q4_0_as_int4: a GGUF Q4_0 weight becomes a W4A8 int4 linear with groups of 32,
-// exactly (loader/gguf/gguf_experts.h; int8 inputs per token, as W8A8's), whatever
-// `compute`; otherwise it is dequantised like any float weight. The same flag keeps a
-// GPTQ / AWQ / compressed-tensors int4 weight ("<m>.qweight" / "<m>.weight_packed" in
-// place of "<m>.weight": loader/hf_int4/hf_int4.h) in int4 with its own groups; false
-// dequantises it exactly.
-Linear load_linear(const Checkpoint& ck, const LinearRead& r, DType compute, bool gguf_q4_0_as_int4 = false);
+// keep_int4: a GGUF Q4_0 weight becomes a W4A8 int4 linear with groups of 32, exactly
+// (loader/gguf/gguf_experts.h; int8 inputs per token, as W8A8's), whatever `compute`;
+// otherwise it is dequantised like any float weight. The same flag keeps a GPTQ / AWQ /
+// compressed-tensors int4 weight ("<m>.qweight" / "<m>.weight_packed" in place of
+// "<m>.weight": loader/hf_int4/hf_int4.h) in int4 with its own groups; false dequantises
+// it exactly. int4_group: every other weight (float, FP8, an int4 one not kept) is
+// quantised to int4.
+Linear load_linear(const Checkpoint& ck, const LinearRead& r, const LinearOptions& o);
 // Packs an [out, in] matrix of f32, bf16 or f16 (any row stride: e.g. a view of the
 // checkpoint; tests, tied lm_head).
-Linear make_linear(const Tensor& w, DType compute, const Tensor& bias = {});
+Linear make_linear(const Tensor& w, const LinearOptions& o, const Tensor& bias = {});
 
 // Grows-only scratch for the bf16 copy (or the Q8 rows) of a projection's input. Not thread-safe.
 struct LinearScratch {

@@ -179,15 +179,16 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   // but a checkpoint may): dequantised at load.
   m->embed_ = is_fp8_weight(ck, embed_read(c).key) ? load_f32(ck, embed_read(c)) : load_sharded(ck, embed_read(c));
   m->final_norm_ = load_f32(ck, final_norm_read(c));
-  const DType linear_dt = opt.quantize_linears ? DType::I8 : opt.dtype;
+  LinearOptions lin(opt.quantize_linears ? DType::I8 : opt.dtype);
+  if (opt.quantize_linears_w4a8) lin.int4_group = opt.int4_group;
   // GGUF Q4_0 linears stay int4 unless int8 linears are asked for: int4 reads 0.66 of
-  // int8's bytes at decode, but its GEMM is ~2x int8's time at prefill (a float step per
+  // int8's bytes at decode, but its GEMM is ~1.6x int8's time at prefill (a float step per
   // 32 inputs; docs/PERF.md), so --quantize-linears w8a8 is the prefill-heavy choice.
-  const bool q4_linears = opt.gguf_q4_0_as_int4 && !opt.quantize_linears;
+  lin.keep_int4 = opt.gguf_q4_0_as_int4 && !opt.quantize_linears;
   if (const auto lm = lm_head_read(c))
-    m->lm_head_ = load_linear(ck, *lm, linear_dt, q4_linears);
+    m->lm_head_ = load_linear(ck, *lm, lin);
   else  // tie_word_embeddings
-    m->lm_head_ = make_linear(m->embed_, linear_dt);  // packed from the view: no f32 copy of [V, H]
+    m->lm_head_ = make_linear(m->embed_, lin);  // packed from the view: no f32 copy of [V, H]
   m->rope_ = Rope(c.rope);
   progress.advance(lb.outside);
 
@@ -200,9 +201,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     L.post_norm = load_f32(ck, post_attn_norm_read(c, l));
     const AttentionKeys ak = fam.attention_keys(c, l);
     if (c.attention == AttentionKind::Mla)
-      L.mla = std::make_unique<MlaAttention>(ck, c, ak, linear_dt, tp_rank, tp);
+      L.mla = std::make_unique<MlaAttention>(ck, c, ak, lin, tp_rank, tp);
     else
-      L.gqa = std::make_unique<GqaAttention>(ck, c, ak, linear_dt, tp_rank, tp, q4_linears);
+      L.gqa = std::make_unique<GqaAttention>(ck, c, ak, lin, tp_rank, tp);
     progress.advance(lb.layer[l]);
     if (!c.moe.is_moe_layer(l)) {
       MlpLoadOptions dl;
