@@ -62,6 +62,15 @@ void expect_same_logits(const std::string& gguf, const std::string& dir,
   }
 }
 
+// 16 greedy tokens per golden prompt equal transformers' (the fixture's goldens).
+void expect_greedy_tokens(Model& m, const test::ModelFixture& f) {
+  GenerateOptions go;
+  go.max_new_tokens = 16;
+  go.ignore_eos = true;
+  const GenerateResult r = generate(m, f.prompts, go);
+  for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
+}
+
 TEST(GgufCheckpoint, Bf16FileGivesTheSourceDirectorysLogitsAndTransformers) {
   const auto f = fixture("qwen3_moe");
   const std::string path = kModels + "qwen3_moe-BF16.gguf";
@@ -80,11 +89,7 @@ TEST(GgufCheckpoint, MixtralWithPermutedQkMatchesTransformers) {
   const Tensor lg = prefill_logits(*g, f.prompts), ld = prefill_logits(*d, f.prompts);
   EXPECT_LE(test::max_logit_diff(lg, f.logits, f.prompts), 1e-4);
   EXPECT_LE(test::max_logit_diff(lg, ld, f.prompts), 1e-5);
-  GenerateOptions go;
-  go.max_new_tokens = 16;
-  go.ignore_eos = true;
-  const GenerateResult r = generate(*g, f.prompts, go);
-  for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
+  expect_greedy_tokens(*g, f);
 }
 
 // ERNIE-4.5-MoE as convert_hf_to_gguf.py writes it (`ernie4_5-moe`): a dense first layer,
@@ -98,11 +103,7 @@ TEST(GgufCheckpoint, ErnieWithDenseLayerSharedExpertsAndSelectionBias) {
   expect_same_logits(path, f.dir, f.prompts);
   auto m = test::load_model(path);
   EXPECT_LE(test::max_logit_diff(prefill_logits(*m, f.prompts), f.logits, f.prompts), 1e-4);
-  GenerateOptions go;
-  go.max_new_tokens = 16;
-  go.ignore_eos = true;
-  const GenerateResult r = generate(*m, f.prompts, go);
-  for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
+  expect_greedy_tokens(*m, f);
 }
 
 // DeepSeek-V3 and V2 as `deepseek2` (convert_hf_to_gguf.py's DeepseekV2Model): MLA with

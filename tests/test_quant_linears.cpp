@@ -33,40 +33,53 @@ Tensor gaussian(const Shape& s, uint32_t seed) {
   return t;
 }
 
+// The scalar reference of an int8 or int4 Linear on x [T, k]: each row through the scalar
+// Q8 quantiser, the integer GEMM (grouped_gemm_reference), then the bias.
+std::vector<float> scalar_reference(const Linear& lq, const Tensor& x, const Tensor& bias) {
+  const int64_t T = x.dim(0), k = x.dim(1), n = lq.n_out(), rb = q8_row_bytes(k);
+  std::vector<char> q(static_cast<size_t>(T * rb));
+  for (int64_t t = 0; t < T; ++t) quantize_row_q8_reference(x.data<float>() + t * k, nullptr, k, q.data() + t * rb);
+  std::vector<float> want(static_cast<size_t>(T * n));
+  const int64_t off[2] = {0, T};
+  GroupedGemmParams g;
+  g.w = &lq.w;
+  g.a = q.data();
+  g.lda = rb;
+  g.offsets = off;
+  g.c = want.data();
+  g.ldc = n;
+  grouped_gemm_reference(g);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < n; ++j) want[t * n + j] += bias.data<float>()[j];
+  return want;
+}
+
+// linear_forward of lq equals scalar_reference bit for bit on every ISA, and its cosine
+// with the f32 projection lf exceeds min_cosine.
+void expect_reference_on_every_isa(const Linear& lq, const Linear& lf, const Tensor& x, const Tensor& bias,
+                                   double min_cosine, const std::string& what) {
+  const int64_t T = x.dim(0), n = lq.n_out();
+  const std::vector<float> want = scalar_reference(lq, x, bias);
+  std::vector<float> yf(static_cast<size_t>(T * n));
+  LinearScratch s;
+  linear_forward(lf, x.data<float>(), T, yf.data(), s);
+  for (Isa isa : test::available_isas()) {
+    test::IsaScope scope(isa);
+    std::vector<float> got(static_cast<size_t>(T * n));
+    linear_forward(lq, x.data<float>(), T, got.data(), s);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << isa_name(isa) << " " << what;
+    EXPECT_GT(test::cosine(got.data(), yf.data(), T * n), min_cosine) << what;
+  }
+}
+
 TEST(QuantLinear, I8ProjectionIsTheScalarW8A8ReferenceOnEveryIsa) {
   for (const auto& [n, k, T] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{96, 64, 1}, {130, 301, 7}, {64, 2048, 3}}) {
     const Tensor w = gaussian({n, k}, 1 + n), x = gaussian({T, k}, 2 + k), bias = gaussian({n}, 3);
     const Linear lq = make_linear(w, DType::I8, bias), lf = make_linear(w, DType::F32, bias);
     ASSERT_EQ(lq.w.dtype, DType::I8);
-    // The reference: each row through the scalar quantiser, the integer GEMM, then the bias.
-    const int64_t rb = q8_row_bytes(k);
-    std::vector<char> q(static_cast<size_t>(T * rb));
-    for (int64_t t = 0; t < T; ++t) quantize_row_q8_reference(x.data<float>() + t * k, nullptr, k, q.data() + t * rb);
-    std::vector<float> want(static_cast<size_t>(T * n));
-    const int64_t off[2] = {0, T};
-    GroupedGemmParams g;
-    g.w = &lq.w;
-    g.a = q.data();
-    g.lda = rb;
-    g.offsets = off;
-    g.c = want.data();
-    g.ldc = n;
-    grouped_gemm_reference(g);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < n; ++j) want[t * n + j] += bias.data<float>()[j];
-    std::vector<float> yf(static_cast<size_t>(T * n));
-    LinearScratch s;
-    linear_forward(lf, x.data<float>(), T, yf.data(), s);
-    for (Isa isa : test::available_isas()) {
-      test::IsaScope scope(isa);
-      std::vector<float> got(static_cast<size_t>(T * n));
-      linear_forward(lq, x.data<float>(), T, got.data(), s);
-      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
-          << isa_name(isa) << " n=" << n << " k=" << k << " T=" << T;
-      // Per-channel and per-token absmax steps err by at most half a step each (~0.4 % of
-      // a Gaussian row's absmax / 127 scale): the output keeps a cosine near 0.9999.
-      EXPECT_GT(test::cosine(got.data(), yf.data(), T * n), 0.999) << "n=" << n << " k=" << k;
-    }
+    // Per-channel and per-token absmax steps err by at most half a step each (~0.4 % of
+    // a Gaussian row's absmax / 127 scale): the output keeps a cosine near 0.9999.
+    expect_reference_on_every_isa(lq, lf, x, bias, 0.999, fmt::format("n={} k={} T={}", n, k, T));
   }
 }
 
@@ -84,32 +97,7 @@ TEST(QuantLinear, Int4ProjectionIsTheScalarW4A8ReferenceOnEveryIsa) {
       const Linear lq = make_linear(w, lo, bias), lf = make_linear(w, DType::F32, bias);
       ASSERT_EQ(lq.w.dtype, DType::I8);
       ASSERT_EQ(lq.w.int4_group, g);
-      const int64_t rb = q8_row_bytes(k);
-      std::vector<char> q(static_cast<size_t>(T * rb));
-      for (int64_t t = 0; t < T; ++t) quantize_row_q8_reference(x.data<float>() + t * k, nullptr, k, q.data() + t * rb);
-      std::vector<float> want(static_cast<size_t>(T * n));
-      const int64_t off[2] = {0, T};
-      GroupedGemmParams gp;
-      gp.w = &lq.w;
-      gp.a = q.data();
-      gp.lda = rb;
-      gp.offsets = off;
-      gp.c = want.data();
-      gp.ldc = n;
-      grouped_gemm_reference(gp);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t j = 0; j < n; ++j) want[t * n + j] += bias.data<float>()[j];
-      std::vector<float> yf(static_cast<size_t>(T * n));
-      LinearScratch s;
-      linear_forward(lf, x.data<float>(), T, yf.data(), s);
-      for (Isa isa : test::available_isas()) {
-        test::IsaScope scope(isa);
-        std::vector<float> got(static_cast<size_t>(T * n));
-        linear_forward(lq, x.data<float>(), T, got.data(), s);
-        ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
-            << isa_name(isa) << " g=" << g << " n=" << n << " k=" << k << " T=" << T;
-        EXPECT_GT(test::cosine(got.data(), yf.data(), T * n), 0.99) << "g=" << g << " n=" << n << " k=" << k;
-      }
+      expect_reference_on_every_isa(lq, lf, x, bias, 0.99, fmt::format("g={} n={} k={} T={}", g, n, k, T));
     }
 }
 

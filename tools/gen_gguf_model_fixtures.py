@@ -214,6 +214,28 @@ def convert_mixtral(src, out):
     w.close()
 
 
+def text_model_header(w, cfg, head_count_kv):
+    """TextModel.set_gguf_parameters' common keys (convert_hf_to_gguf.py)."""
+    rope = cfg.get("rope_parameters") or {}
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(head_count_kv)
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+
+
+def placeholder_vocab(w, cfg, pre):
+    """A byte-level vocabulary of vocab_size tokens (the fixture has no tokenizer)."""
+    tokens, _ = vocab(256)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens[: cfg["vocab_size"]])
+    w.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
+
+
 def convert_ernie(src, out):
     """An ERNIE-4.5-MoE fixture -> GGUF as convert_hf_to_gguf.py's Ernie4_5MoeModel writes
     it (F32): TextModel's hparams plus its expert keys (expert_shared_feed_forward_length
@@ -223,18 +245,10 @@ def convert_ernie(src, out):
     output tensor, and every name from gguf-py's own TensorNameMap for the architecture."""
     cfg, tensors = load_dir(os.path.join(FIX, src))
     L, E = cfg["num_hidden_layers"], cfg["moe_num_experts"]
-    rope = cfg.get("rope_parameters") or {}
     arch = gguf.MODEL_ARCH.ERNIE4_5_MOE
     names = gguf.get_tensor_name_map(arch, L)
     w = gguf.GGUFWriter(out, gguf.MODEL_ARCH_NAMES[arch])
-    w.add_block_count(L)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    text_model_header(w, cfg, cfg["num_key_value_heads"])
     w.add_expert_count(E)
     w.add_expert_used_count(cfg["moe_k"])
     w.add_interleave_moe_layer_step(cfg["moe_layer_interval"])
@@ -242,11 +256,7 @@ def convert_ernie(src, out):
     w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_expert_shared_count(cfg["moe_num_shared_experts"])
     w.add_expert_shared_feed_forward_length(cfg["intermediate_size"] // cfg["num_key_value_heads"])
-    tokens, _ = vocab(256)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens[: cfg["vocab_size"]])
-    w.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
+    placeholder_vocab(w, cfg, "default")
     experts = {}
     for name in sorted(tensors):
         hf = name.replace("e_score_correction_bias", "e_score_correction.bias")
@@ -276,18 +286,10 @@ def convert_deepseek(src, out, outtype):
     cfg, tensors = load_dir(os.path.join(FIX, src))
     L, E, H = cfg["num_hidden_layers"], cfg["n_routed_experts"], cfg["num_attention_heads"]
     nope, rope_d, v, R = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
-    rope = cfg.get("rope_parameters") or {}
     arch = gguf.MODEL_ARCH.DEEPSEEK2
     names = gguf.get_tensor_name_map(arch, L)
     w = gguf.GGUFWriter(out, gguf.MODEL_ARCH_NAMES[arch])
-    w.add_block_count(L)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(H)
-    w.add_head_count_kv(1)
-    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    text_model_header(w, cfg, 1)
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     if cfg.get("n_group") is not None:
         w.add_expert_group_count(cfg["n_group"])
@@ -312,11 +314,7 @@ def convert_deepseek(src, out, outtype):
     if cfg.get("norm_topk_prob"):
         w.add_expert_weights_norm(True)
     w.add_rope_dimension_count(rope_d)
-    tokens, _ = vocab(256)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("deepseek-v3")
-    w.add_token_list(tokens[: cfg["vocab_size"]])
-    w.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
+    placeholder_vocab(w, cfg, "deepseek-v3")
 
     def add(gname, a):
         a = np.ascontiguousarray(a, dtype=np.float32)

@@ -42,27 +42,8 @@ inline __m256i bcast4(const int8_t* p) {
 struct Avx2 {
   static constexpr int kMaxRows = 4;
 
-// i4_group_sums with vpmaddubsw (ones x bytes: pairs in int16, no saturation at 2 x 127)
-// and vpmaddwd (pairs of those in int32) over 32 bytes at a time. Whole groups inside K
-// only; a group that reaches past K (the fixtures' odd K) takes the scalar loop.
 static void group_sums(const int8_t* a, int64_t K, int64_t group, int64_t n_groups, int32_t* sa) {
-  int64_t G = 0;
-  if (group % 32 == 0) {
-    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-    const int64_t per = group / 32;
-    for (; G < n_groups && (G + 1) * group <= K; ++G) {
-      __m256i acc = _mm256_setzero_si256();
-      for (int64_t h = 0; h < per; ++h) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + G * group + 32 * h));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16));
-      }
-      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-      sa[G] = _mm_cvtsi128_si32(s);
-    }
-  }
-  if (G < n_groups) i4_group_sums(a + G * group, K - G * group, group, n_groups - G, sa + G);
+  i4_group_sums_avx2(a, K, group, n_groups, sa, i4_group_sums);
 }
 
 // i4_epilogue_row in ymm: t = acc * a_scale in place, then avx2_epilogue_row (the same

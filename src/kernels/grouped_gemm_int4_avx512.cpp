@@ -30,6 +30,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/grouped_gemm_avx2_common.h"
 #include "kernels/grouped_gemm_avx512_common.h"
 #include "kernels/grouped_gemm_int4_impl.h"
 
@@ -77,26 +78,8 @@ inline int32_t load_i32(const int8_t* p) {
 struct Avx512Vnni {
   static constexpr int kMaxRows = 4;  // the MOE_I4_ROW / MOE_I4_FLUSH rows 0..3 below
 
-// i4_group_sums with vpdpbusd against ones: each int32 lane sums 4 bytes, 8 lanes make a
-// group of 32 (integer sums: any order gives the same value). Whole groups inside K
-// only; a group that reaches past K (the fixtures' odd K) takes the scalar loop.
 static void group_sums(const int8_t* a, int64_t K, int64_t group, int64_t n_groups, int32_t* sa) {
-  int64_t G = 0;
-  if (group % 32 == 0) {
-    const __m256i ones = _mm256_set1_epi8(1);
-    const int64_t per = group / 32;  // 32-byte pieces per group
-    for (; G < n_groups && (G + 1) * group <= K; ++G) {
-      __m256i acc = _mm256_setzero_si256();
-      for (int64_t h = 0; h < per; ++h)
-        acc = _mm256_dpbusd_epi32(acc, ones,
-                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + G * group + 32 * h)));
-      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-      sa[G] = _mm_cvtsi128_si32(s);
-    }
-  }
-  if (G < n_groups) i4_group_sums(a + G * group, K - G * group, group, n_groups - G, sa + G);
+  i4_group_sums_avx2(a, K, group, n_groups, sa, i4_group_sums);
 }
 
 // i4_epilogue_row in zmm: t = acc * a_scale, then act(gate) * up or t (ActMath<Avx512Ops>
