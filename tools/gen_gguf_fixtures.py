@@ -296,6 +296,23 @@ def main():
            ("tokenizer.ggml.merges", V.ARRAY, ["a b"], S), ("tokenizer.ggml.eos_token_id", U32, 3, None),
            ("tokenizer.chat_template", S, "{{ messages[0].content }}", None)]
     write(CORPUS / "tokenizer_tiny.gguf", [], tok)
+    # A tiny deepseek2 (MLA with the converter's attn_k_b / attn_v_b, which the loader
+    # composes back into kv_b_proj; sigmoid gating with its exp_probs_b bias).
+    d = "deepseek2."
+    ds = [(d + "block_count", U32, 1), (d + "embedding_length", U32, 8), (d + "context_length", U32, 16),
+          (d + "attention.head_count", U32, 2), (d + "attention.head_count_kv", U32, 1),
+          (d + "attention.kv_lora_rank", U32, 4), (d + "attention.key_length_mla", U32, 4),
+          (d + "attention.value_length_mla", U32, 2), (d + "rope.dimension_count", U32, 2),
+          (d + "attention.layer_norm_rms_epsilon", F, 1e-6), (d + "expert_count", U32, 2),
+          (d + "expert_used_count", U32, 1), (d + "expert_feed_forward_length", U32, 4),
+          (d + "expert_gating_func", U32, 2)]
+    r32 = lambda *shape: rng.standard_normal(shape).astype(F32)  # noqa: E731
+    write(CORPUS / "deepseek2_tiny.gguf",
+          [("token_embd.weight", Q.F32, r32(4, 8)), ("blk.0.attn_q.weight", Q.F32, r32(8, 8)),
+           ("blk.0.attn_kv_a_mqa.weight", Q.F32, r32(6, 8)), ("blk.0.attn_k_b.weight", Q.F32, r32(2, 4, 2)),
+           ("blk.0.attn_v_b.weight", Q.F16, r32(2, 2, 4).astype(np.float16)),
+           ("blk.0.exp_probs_b.bias", Q.F32, r32(2)), ("blk.0.ffn_gate_exps.weight", Q.F32, r32(2, 4, 8))],
+          [(k, t, v, None) for k, t, v in ds], arch="deepseek2")
     shutil.copy(OUT / "aligned64.gguf", CORPUS / "aligned64.gguf")
     for p in parts:
         shutil.copy(OUT / p, CORPUS / Path(p).name)
