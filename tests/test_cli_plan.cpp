@@ -114,6 +114,47 @@ TEST_F(CliPlan, NetworkAndDecodeFollowTheFormula) {
   EXPECT_NEAR(j["decode"]["tokens_per_s"].get<double>(), 2 / (mem_s + net_s), 1e-6);
 }
 
+// The three layouts' decode steps, by hand on the tiny config at 2 nodes, one
+// conversation: attention TP reads its half of q and o, the whole k and v (one KV head,
+// held by both ranks), the whole norms and router, half the lm_head; collectives and
+// network per layout_cost's formula.
+TEST_F(CliPlan, LayoutsCountWhatEachOneReadsAndSends) {
+  const auto j = plan(tmp.path(), base);
+  const auto& L = j["layouts"];
+  ASSERT_EQ(L.size(), 3u);
+  EXPECT_EQ(L[0]["layout"], "dp");
+  EXPECT_EQ(L[1]["layout"], "replicated");
+  EXPECT_EQ(L[2]["layout"], "attn-tp");
+  EXPECT_EQ(L[2]["flags"], "--ep 2 --attn-tp 2");
+  const double norms = (8 + 8 + 16 + 16) * 4.0, router = 2 * 8 * 16 * 4.0, kv = 2 * 2 * 1 * 8 * 4.0 * 10;
+  const double attn_whole = 2 * ((16 * 16 + 8 * 16 + 8 * 16 + 16 * 16) * 2.0 + norms);
+  const double attn_half = 2 * ((8 * 16 + 8 * 16 + 8 * 16 + 16 * 8) * 2.0 + norms);
+  const double experts = 4 * (1 - 0.75) * (3 * 16 * 4 * 2.0) * 2;  // 4 here, P(hit) 1/4, 2 layers
+  const double lm = 32 * 16 * 2.0, row = 16 * 2.0;
+  const auto& tp1 = L[2]["one_conversation"];
+  EXPECT_NEAR(tp1["bytes_read_per_step"].get<double>(), attn_half + router + lm / 2 + row + experts + kv, 1e-6);
+  EXPECT_NEAR(L[1]["one_conversation"]["bytes_read_per_step"].get<double>(), attn_whole + router + lm + row + experts + kv,
+              1e-6);
+  EXPECT_EQ(tp1["collectives_per_step"], 2 * 2 + 1);
+  EXPECT_EQ(L[1]["one_conversation"]["collectives_per_step"], 2);
+  // 5 collectives of one hop at 10 us; 4 all-reduces of a 16-float row (2 x 1/2 of it
+  // each) and the other half of 32 logits, over 1 Gbit/s.
+  const double link = 1e9 / 8, net = 5 * 10e-6 + (4 * (2 * 0.5 * 16 * 4) + 0.5 * 32 * 4) / link;
+  EXPECT_NEAR(tp1["net_s"].get<double>(), net, 1e-12);
+  EXPECT_NEAR(tp1["tokens_per_s"].get<double>(), 1 / (tp1["bytes_read_per_step"].get<double>() / 1e9 + net), 1e-6);
+  // 2 heads do not split 3 ways: no attention-TP layout there, and the fastest is another.
+  const auto j3 = plan(tmp.path(), "--nodes 3 --mem-per-node 1 --mem-bw 1 --net-gbps 1 --net-latency-us 10");
+  EXPECT_FALSE(j3["layouts"][2]["possible"].get<bool>());
+  EXPECT_NE(j3["fastest_for_one_conversation"]["layout"], "attn-tp");
+  // Here the network binds (1 Gbit/s, 10 us: attention TP's 5 collectives cost more than
+  // the half of the bytes it saves); with a free network the fewest bytes win.
+  EXPECT_EQ(j["fastest_for_one_conversation"]["layout"], "replicated");
+  const auto fast = plan(tmp.path(), "--nodes 2 --mem-per-node 1 --mem-bw 1 --net-gbps 1000 --net-latency-us 0");
+  EXPECT_EQ(fast["fastest_for_one_conversation"]["layout"], "attn-tp");
+  EXPECT_NE(fast["fastest_for_one_conversation"]["command"].get<std::string>().find("mpirun -np 2 moe-ep serve"),
+            std::string::npos);
+}
+
 TEST_F(CliPlan, SaysWhenItDoesNotFitAndRejectsBadInput) {
   // 1e-6 GiB = 1074 bytes, less than the weights.
   const auto j = plan(tmp.path(), "--nodes 2 --mem-per-node 0.000001 --mem-bw 1 --net-gbps 1 --net-latency-us 1");

@@ -95,6 +95,13 @@ TEST(Fp8Slices, IndexMapsFollowTheShardRules) {
   EXPECT_EQ(shard_index_map("w", {5, 8, 3}, st, 0, 2, 0), (V{2, 3}));
   EXPECT_EQ(shard_index_map("w", {5, 8, 3}, st, 0, 2, 1), (V{0, 1, 4, 5}));
   EXPECT_EQ(shard_index_map("w", {5, 8, 3}, st, 0, 2, 2), (V{0, 1, 2}));
+  // A window of rows (the vocabulary-parallel lm_head's [V_r, H]): the rows of the window,
+  // also when the window is then split; the other dim whole. plan_shard reads the same rows.
+  EXPECT_EQ(shard_index_map("w", {10, 4}, ShardRule::column().window(3, 4), 0, 1, 0), (V{3, 4, 5, 6}));
+  EXPECT_EQ(shard_index_map("w", {10, 4}, ShardRule::column().window(3, 4), 1, 2, 0), (V{5, 6}));
+  EXPECT_EQ(shard_index_map("w", {10, 4}, ShardRule::column().window(3, 4), 0, 1, 1), (V{0, 1, 2, 3}));
+  EXPECT_EQ(plan_shard("w", {10, 4}, ShardRule::column().window(3, 4), 0, 1).out_shape, (Shape{4, 4}));
+  EXPECT_THROW(shard_index_map("w", {10, 4}, ShardRule::column().window(8, 4), 0, 1, 0), Error);
 }
 
 struct SliceCase {

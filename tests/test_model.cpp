@@ -172,15 +172,22 @@ TEST(ModelBadInput, ClearErrors) {
   EXPECT_NE(error_of([&] { prefill_logits(*m, {{1}, {2}, {3}, {4}}); }).find("sequence slots"), std::string::npos);
   EXPECT_NE(error_of([] { parse_prompt_ids("1,2;3,x"); }).find("prompt 1: 'x' is not a token id"), std::string::npos);
   EXPECT_NE(error_of([] { parse_prompt_ids("1,,2"); }).find("empty entry"), std::string::npos);
-  // --tp must divide the heads: qwen2_moe has 4 query and 2 key/value heads.
+  // The TP size must divide the query heads: qwen2_moe has 4 query and 2 key/value heads.
   const Checkpoint ck = Checkpoint::open(dir);
   const ModelConfig cfg = model_config_from_hf(ck.config());
   const AttentionKeys keys = gqa_attention_keys(0, false);
-  EXPECT_NE(error_of([&] { GqaAttention(ck, cfg, keys, DType::F32, 0, 3); }).find("--tp 3 does not divide"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { GqaAttention(ck, cfg, keys, DType::F32, 0, 4); }).find("key/value heads"),
+  EXPECT_NE(error_of([&] { GqaAttention(ck, cfg, keys, DType::F32, 0, 3); })
+                .find("attention TP size 3 (--tp or --attn-tp) does not divide the model's 4 attention heads"),
             std::string::npos);
   EXPECT_NO_THROW(GqaAttention(ck, cfg, keys, DType::F32, 1, 2));
+  // 4 ranks, 2 key/value heads: each is held by 2 ranks (rank r reads KV head r / 2).
+  EXPECT_NO_THROW(GqaAttention(ck, cfg, keys, DType::F32, 3, 4));
+  EXPECT_EQ(kv_head_spec(2, 3, 4).rank, 1);
+  EXPECT_EQ(kv_head_spec(2, 3, 4).size, 2);
+  EXPECT_EQ(kv_head_spec(2, 1, 2).rank, 1);
+  EXPECT_EQ(kv_heads_per_rank(2, 4), 1);
+  EXPECT_NE(error_of([] { kv_head_spec(4, 0, 6); }).find("6 attention-TP ranks and the model's 4 key/value heads"),
+            std::string::npos);
 }
 
 TEST(ModelPrompts, ParseIds) {

@@ -19,8 +19,9 @@
 // compares decode with the DRAM floor: the bytes a decode step must read (attention,
 // router and norm weights, the experts the step's tokens touched, the KV cache of the
 // context, lm_head) over the read bandwidth measured in the same run (kernels/probes.h).
-// Under mpirun (--ep N, pure EP, attention replicated) the floor of a step is the
-// slowest rank's bytes over its bandwidth, the ranks probing the memory at once.
+// Under mpirun (--ep N: attention replicated; --tp or --attn-tp N: heads, and under
+// --attn-tp the lm_head's vocabulary, split) the floor of a step is the slowest rank's
+// bytes over its bandwidth, the ranks probing the memory at once.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -338,7 +339,7 @@ int run_bench_model(const BenchModelOptions& o) {
             "--prefill, --decode-context, --decode-steps and --repeats must be positive");
   for (int64_t b : o.decode_batch) MOE_CHECK(b >= 1 && b <= 256, "--decode-batch values must be in [1, 256], got {}", b);
   MOE_CHECK(o.parallel.par.dp == 1,
-            "bench-model runs pure EP (attention replicated) or --tp; --dp {} is not supported here",
+            "bench-model runs pure EP (attention replicated), --tp or --attn-tp; --dp {} is not supported here",
             o.parallel.par.dp);
   Communicator& world = parallel_world(o.parallel);
   const int R = world.size(), rank = world.rank();
@@ -408,16 +409,21 @@ int run_bench_model(const BenchModelOptions& o) {
   const double build_s = now_s() - t_build;
   Model& m = *model;
   const ModelConfig& c = m.config();
-  const int64_t H = c.hidden_size, hd = c.head_dim, tp = o.parallel.par.tp;
+  const int64_t H = c.hidden_size, hd = c.head_dim, tp = o.parallel.par.tp, attn_tp = o.parallel.par.attn_tp;
+  // Attention heads split over --tp or --attn-tp; KV heads too, or one per rank when
+  // there are fewer of them (model/attention.h kv_head_spec); lm_head by vocabulary
+  // under --attn-tp.
+  const int64_t atp = std::max(tp, attn_tp), kvh = kv_heads_per_rank(c.n_kv_heads, static_cast<int>(atp));
   const double esz = static_cast<double>(dtype_size(dtype));
-  rb.attn_per_layer = esz * (H * (c.n_heads + 2 * c.n_kv_heads) * hd + c.n_heads * hd * H) / tp + 4.0 * (2 * H + 2 * hd);
+  rb.attn_per_layer =
+      esz * (H * (c.n_heads / atp + 2 * kvh) * hd + c.n_heads / atp * hd * H) + 4.0 * (2 * H + 2 * hd);
   rb.gate_per_layer = 4.0 * c.moe.n_experts * H;
   const double Il = static_cast<double>(c.moe.moe_intermediate_size / tp);
   // W8A8: 1-byte weights plus an f32 scale and an i32 compensation per output column
   // (2 Il of W13, H of W2; kernels/grouped_gemm.h).
   rb.expert_bytes = w8a8 ? 3.0 * Il * H + 8.0 * (2 * Il + H) : esz * 3.0 * Il * H;
-  rb.kv_per_pos_layer = static_cast<double>(dtype_size(mo.kv_cache_dtype)) * 2 * c.n_kv_heads / tp * hd;
-  rb.head = esz * c.vocab_size * H + 4.0 * H;
+  rb.kv_per_pos_layer = static_cast<double>(dtype_size(mo.kv_cache_dtype)) * 2 * kvh * hd;
+  rb.head = esz * static_cast<double>(c.vocab_size / attn_tp) * H + 4.0 * H;
   rb.embed_row = esz * H;
 
   const int threads = num_threads();
@@ -457,7 +463,8 @@ int run_bench_model(const BenchModelOptions& o) {
     bool ok = false;
     moe_check = bench::check_sample(c.moe, layer0, x, y, experts_dtype, &ok);
     const MoeComm comm = o.parallel.ep_options().comm;
-    const bool exact = R == 1 || comm == MoeComm::AllToAll || comm == MoeComm::AllToAllLL || comm == MoeComm::Auto;
+    const bool exact = R == 1 || ((comm == MoeComm::AllToAll || comm == MoeComm::AllToAllLL || comm == MoeComm::Auto) &&
+                                  attn_tp == 1);
     bool ok2 = false;
     model_check = check_model(m, exact, &ok2);
     float bad = ok && ok2 ? 0.f : 1.f;
@@ -608,7 +615,7 @@ Verb add_bench_model_verb(CLI::App& app) {
                   "Where the temporary checkpoint (non-expert weights) is written; removed after loading "
                   "(default $TMPDIR or /tmp)");
   cmd->add_flag("--skip-check", o->skip_check, "Time without checking the model first");
-  add_parallel_options(cmd, o->parallel);
+  add_model_parallel_options(cmd, o->parallel);
   return {cmd, [o] { return run_bench_model(*o); }};
 }
 

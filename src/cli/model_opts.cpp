@@ -112,7 +112,7 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
                   "--max-new-tokens); a request that does not fit is an error")
       ->check(CLI::NonNegativeNumber);
   add_kv_cache_dtype_option(cmd, o.kv_cache_dtype);
-  add_parallel_options(cmd, o.parallel);
+  add_model_parallel_options(cmd, o.parallel);
 }
 
 Loaded load(const CommonOpts& o, int64_t max_new, bool count_experts, const std::string& extra_flags,

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/check.h"
@@ -69,6 +70,22 @@ void add_parallel_options(CLI::App* cmd, ParallelOptions& o) {
       ->capture_default_str();
 }
 
+void add_model_parallel_options(CLI::App* cmd, ParallelOptions& o) {
+  add_parallel_options(cmd, o);
+  cmd->add_option("--attn-tp", o.par.attn_tp,
+                  "Attention tensor-parallel over the EP group (vLLM's --tensor-parallel-size N "
+                  "--enable-expert-parallel, the seed's layout): attention heads, the KV cache (GQA), the shared "
+                  "experts, dense MLP layers and the lm_head's vocabulary are split over the ranks of a DP replica "
+                  "(must equal world / --dp; --dp 1 only for now), while each routed expert stays whole on its EP "
+                  "rank; every MoE layer ends in one all-reduce of routed + shared partial outputs (--moe-comm "
+                  "allreduce or auto). Every rank reads 1/N of the attention, shared-expert and lm_head bytes per "
+                  "token instead of all of them. 1: attention replicated over the EP ranks")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_flag("--enable-expert-parallel", o.vllm_enable_ep,
+                "vLLM's spelling, not moe-ep's: an error that names the moe-ep flags for the same layout");
+}
+
 EpOptions ParallelOptions::ep_options() const {
   EpOptions e;
   e.comm = parse_moe_comm(moe_comm);
@@ -87,9 +104,17 @@ std::string ParallelOptions::flags_string() const {
 }
 
 Communicator& parallel_world(const ParallelOptions& o) {
-  const bool want = o.par.ep * o.par.tp > 1 || o.par.dp > 1;
+  // moe-ep's --tp is MoE-TP (each expert's I split); vLLM's --tensor-parallel-size with
+  // --enable-expert-parallel is attention TP with whole experts: --ep N --attn-tp N here.
+  MOE_CHECK(!o.vllm_enable_ep,
+            "--enable-expert-parallel is vLLM's flag: moe-ep always runs the routed experts expert-parallel over "
+            "--ep ranks. For vLLM's --tensor-parallel-size N --enable-expert-parallel (attention split N ways, "
+            "experts whole, EP over the same N ranks) run mpirun -np N moe-ep ... --ep N --attn-tp N; moe-ep's "
+            "--tp splits every expert's intermediate size instead");
+  const bool want = o.par.ep * o.par.tp > 1 || o.par.dp > 1 || o.par.attn_tp > 1;
+  const int ranks = std::max(o.par.ep * o.par.tp, o.par.attn_tp * o.par.dp);
   MOE_CHECK(!want || launched_by_mpi(), "{} needs {} ranks: start it as mpirun -np {} moe-ep ...", to_string(o.par),
-            o.par.ep * o.par.tp, o.par.ep * o.par.tp);
+            ranks, ranks);
   Communicator& world = world_comm(want);
   world.set_timeout(o.comm_timeout);
   validate_parallel_config(o.par, world.size());
@@ -107,6 +132,14 @@ Communicator& parallel_world(const ParallelOptions& o) {
                  "bounds each MoE call's rows)\n",
                  unused);
   }
+  MOE_CHECK(o.par.attn_tp == 1 || o.moe_comm == "allreduce" || o.moe_comm == "auto",
+            "--attn-tp {} ends every MoE layer in one all-reduce of the routed and shared experts' partial outputs: "
+            "use --moe-comm allreduce or auto, not {} (the all-to-all strategies under attention TP are not built "
+            "yet)",
+            o.par.attn_tp, o.moe_comm);
+  MOE_CHECK(o.par.attn_tp == 1 || o.par.dp == 1,
+            "--attn-tp {} with --dp {}: attention TP inside DP replicas is not built yet (use --dp 1)", o.par.attn_tp,
+            o.par.dp);
   MOE_CHECK(!(o.moe_comm == "allreduce" && o.par.dp > 1),
             "--moe-comm allreduce needs every rank to hold the same tokens: use --dp 1, or allgather/alltoall with "
             "--dp {}",

@@ -25,6 +25,7 @@ struct ParallelOptions {
   int64_t max_tokens_per_rank = 64;
   int64_t chunk_tokens = 0;
   bool no_overlap = false;
+  bool vllm_enable_ep = false;  // --enable-expert-parallel (vLLM's spelling; an error)
   double comm_timeout = 300;
   // --redundant-experts --placement --eplb-interval --eplb-window --eplb-nodes
   EplbOptions eplb;
@@ -34,6 +35,9 @@ struct ParallelOptions {
 };
 
 void add_parallel_options(CLI::App* cmd, ParallelOptions& opt);
+// add_parallel_options plus the layouts of whole models (generate, chat, serve):
+// --attn-tp, and vLLM's --enable-expert-parallel as an error that names moe-ep's spelling.
+void add_model_parallel_options(CLI::App* cmd, ParallelOptions& opt);
 
 // The world for these options: MPI when launched by mpirun or when --ep/--tp/--dp ask
 // for more than one rank; checks that ep * tp matches the world size.

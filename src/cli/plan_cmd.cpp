@@ -21,6 +21,18 @@
 // panel padding of the packed layouts is not counted. KV cache: --kv-cache-dtype (f32 4
 // bytes, bf16 2) per value; per token and layer 2 * kv_heads * head_dim values (GQA) or
 // kv_lora_rank + qk_rope_head_dim (MLA).
+//
+// The layouts section compares the three ways moe-ep can run the same N nodes, for one
+// conversation and for N x --batch conversations (layout_cost below):
+//   dp          --ep N --dp N: the layout above, conversations spread over the nodes.
+//   replicated  --ep N: every node runs every conversation with all non-expert weights;
+//               one all-gather per MoE layer (the slot gather of moe/dispatch).
+//   attn-tp     --ep N --attn-tp N: attention heads, GQA's KV cache, shared experts,
+//               dense MLPs and lm_head split N ways (the bytes of one rank's slices,
+//               model_reads on rank 0 of N); two all-reduces per layer (attention, MLP
+//               block) and one all-gather of the logits per step.
+// A collective costs ceil(log2 N) x latency (recursive doubling) plus its bytes over the
+// link: an all-reduce 2 (N-1)/N x its size (ring), an all-gather (N-1)/N x the total.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -34,6 +46,8 @@
 #include "cli/verbs.h"
 #include "core/check.h"
 #include "model/registry.h"
+#include "loader/shard.h"
+#include "model/attention.h"
 #include "model/weights.h"
 
 namespace moe {
@@ -80,6 +94,68 @@ double p_hit(int64_t E, double local, int64_t k) {
   double miss = 1;
   for (int64_t i = 0; i < k; ++i) miss *= std::max(0.0, (static_cast<double>(E) - local - i) / static_cast<double>(E - i));
   return 1 - miss;
+}
+
+// What a decode step of each layout costs (see the top of this file).
+struct LayoutInputs {
+  int64_t N = 1, n_layers = 0, n_moe = 0, E = 0, k = 1, H = 0, V = 0;
+  double attn = 0, attn_tp = -1;  // attention + layer norms: whole, one attention-TP rank's (-1: N does not fit)
+  double dense = 0, shared = 0, router = 0;  // dense MLPs, shared experts, routers (all layers, whole)
+  double lm = 0, embed_row = 0;              // lm_head (or the tied embedding), one embedding row
+  double expert = 0, experts_here = 0;       // one routed expert's bytes; experts on the fullest node
+  double kv_seq = 0, kv_tp_share = 1;        // KV bytes of one sequence; the share one attention-TP rank holds
+  double dispatch = 0, combine = 0;          // alltoall bytes per token per MoE layer (dp)
+  double bw = 0, net = 0, lat = 0, round_trips = 2;
+};
+
+struct LayoutCost {
+  std::string name, flags;
+  bool possible = true;
+  double read = 0, collectives = 0, mem_s = 0, net_s = 0, step_s = 0, tokens_per_s = 0;
+};
+
+// One decode step of `conv` conversations in all under layout `name`.
+LayoutCost layout_cost(const LayoutInputs& in, const std::string& name, int64_t conv) {
+  LayoutCost r;
+  r.name = name;
+  const double N = static_cast<double>(in.N), H = static_cast<double>(in.H);
+  const double hops = in.N > 1 ? std::ceil(std::log2(N)) : 0;
+  const double link = std::max(in.net, 1e-30);
+  auto touched = [&](double tokens) {
+    return in.experts_here * (1 - std::pow(1 - static_cast<double>(in.k) / static_cast<double>(in.E), tokens));
+  };
+  const double moe_layers = static_cast<double>(in.n_moe), layers = static_cast<double>(in.n_layers);
+  const double c = static_cast<double>(conv);
+  if (name == "dp") {
+    // Conversations spread over the nodes; the fullest node holds ceil(conv / N).
+    const double b = std::ceil(c / N);
+    r.flags = fmt::format("--ep {} --dp {}", in.N, in.N);
+    r.read = in.attn + in.dense + in.shared + in.lm + b * in.embed_row + touched(c) * in.expert * moe_layers +
+             b * in.kv_seq;
+    r.collectives = in.N > 1 ? in.round_trips * moe_layers : 0;
+    r.net_s = in.N > 1 ? moe_layers * (in.round_trips * in.lat + b * (in.dispatch + in.combine) / link) : 0;
+  } else if (name == "replicated") {
+    r.flags = fmt::format("--ep {}", in.N);
+    r.read = in.attn + in.dense + in.shared + in.lm + c * in.embed_row + touched(c) * in.expert * moe_layers +
+             c * in.kv_seq;
+    r.collectives = in.N > 1 ? moe_layers : 0;
+    // The slot gather: every node receives the other nodes' k choices' f32 rows.
+    const double gathered = c * static_cast<double>(in.k) * H * 4 * (N - 1) / N;
+    r.net_s = in.N > 1 ? moe_layers * (hops * in.lat + gathered / link) : 0;
+  } else {  // attn-tp
+    r.flags = fmt::format("--ep {} --attn-tp {}", in.N, in.N);
+    r.possible = in.attn_tp >= 0;
+    // The routers stay whole; everything else outside the experts is split N ways.
+    r.read = in.attn_tp + in.dense / N + (in.shared - in.router) / N + in.router + in.lm / N + c * in.embed_row +
+             touched(c) * in.expert * moe_layers + c * in.kv_seq * in.kv_tp_share;
+    r.collectives = in.N > 1 ? 2 * layers + 1 : 0;
+    const double reduce = 2 * (N - 1) / N * c * H * 4, logits = (N - 1) / N * c * static_cast<double>(in.V) * 4;
+    r.net_s = in.N > 1 ? r.collectives * hops * in.lat + (2 * layers * reduce + logits) / link : 0;
+  }
+  r.mem_s = in.bw > 0 ? r.read / in.bw : 0;
+  r.step_s = r.mem_s + r.net_s;
+  r.tokens_per_s = r.step_s > 0 ? c / r.step_s : 0;
+  return r;
 }
 
 int run_plan(const PlanOptions& o) {
@@ -188,6 +264,62 @@ int run_plan(const PlanOptions& o) {
   const double p_t = p_mem + p_net + p_cmp;
   const double prefill_tps = p_t > 0 ? static_cast<double>(N) * P / p_t : 0;
 
+  // The layouts side by side (layout_cost): one conversation, and N x batch of them.
+  LayoutInputs li;
+  li.N = N;
+  li.n_layers = c.n_layers;
+  li.n_moe = n_moe;
+  li.E = E;
+  li.k = k;
+  li.H = H;
+  li.V = c.vocab_size;
+  li.attn = attn.bytes;
+  li.dense = dense.bytes;
+  li.shared = shared.bytes;
+  li.router = static_cast<double>(n_moe) * (static_cast<double>(E) * hd + (m.routing.use_correction_bias ? E : 0)) * 4;
+  li.lm = lm_bytes;
+  li.embed_row = hd * db;
+  li.expert = expert_bytes;
+  li.experts_here = static_cast<double>(experts_here);
+  li.kv_seq = kv_per_token * static_cast<double>(o.context);
+  li.dispatch = dispatch;
+  li.combine = combine;
+  li.bw = bw;
+  li.net = net;
+  li.lat = lat;
+  li.round_trips = static_cast<double>(o.round_trips);
+  try {
+    // One attention-TP rank's slices, as Model::load reads them under --attn-tp N.
+    li.attn_tp = 0;
+    for (const TensorRead& r : model_reads(c, 0, static_cast<int>(N))) {
+      if (r.key == embed_key || r.key == norm_key || (lm && r.key == lm->weight.key)) continue;
+      double n = 1;
+      for (int64_t d : plan_shard(r).out_shape) n *= static_cast<double>(d);
+      li.attn_tp += n * (r.shape.size() >= 2 ? db : 4.0);
+    }
+    if (c.attention != AttentionKind::Mla)
+      li.kv_tp_share = static_cast<double>(kv_heads_per_rank(c.n_kv_heads, static_cast<int>(N))) /
+                       static_cast<double>(c.n_kv_heads);
+    if (m.shared_intermediate_size % N != 0 || m.dense_intermediate_size % N != 0) li.attn_tp = -1;
+  } catch (const Error&) {
+    li.attn_tp = -1;  // the heads do not split N ways
+  }
+  std::vector<std::pair<LayoutCost, LayoutCost>> layouts;  // (one conversation, N x batch)
+  for (const char* name : {"dp", "replicated", "attn-tp"})
+    layouts.emplace_back(layout_cost(li, name, 1), layout_cost(li, name, N * o.batch));
+  auto best = [&](bool one) {
+    const LayoutCost* b = nullptr;
+    for (const auto& [lat1, thr] : layouts) {
+      const LayoutCost& x = one ? lat1 : thr;
+      if (x.possible && (!b || x.tokens_per_s > b->tokens_per_s)) b = &x;
+    }
+    return b;
+  };
+  auto command = [&](const LayoutCost& x) {
+    return fmt::format("mpirun -np {} moe-ep {} --model {} {}", N, x.name == "dp" ? "generate" : "serve", o.model_dir,
+                       x.flags);
+  };
+
   const std::vector<Part> parts = {embed, attn, dense, shared, routed};
   const std::string decode_formula =
       "t_step = bytes read per step / mem_bw + moe_layers * (round_trips * latency + batch * (dispatch + combine) / "
@@ -220,6 +352,17 @@ int run_plan(const PlanOptions& o) {
                    {"formula", decode_formula}};
     r["prefill"] = {{"mem_s", p_mem}, {"net_s", p_net}, {"compute_s", p_cmp}, {"tokens_per_s", prefill_tps},
                     {"formula", prefill_formula}};
+    auto& lj = r["layouts"] = nlohmann::ordered_json::array();
+    auto cost_json = [](const LayoutCost& x) {
+      return nlohmann::ordered_json{{"bytes_read_per_step", x.read}, {"collectives_per_step", x.collectives},
+                                    {"mem_s", x.mem_s}, {"net_s", x.net_s}, {"step_s", x.step_s},
+                                    {"tokens_per_s", x.tokens_per_s}};
+    };
+    for (const auto& [one, all] : layouts)
+      lj.push_back({{"layout", one.name}, {"flags", one.flags}, {"possible", one.possible},
+                    {"one_conversation", cost_json(one)}, {"conversations", N * o.batch}, {"cluster", cost_json(all)}});
+    if (const LayoutCost* b = best(true)) r["fastest_for_one_conversation"] = {{"layout", b->name}, {"command", command(*b)}};
+    if (const LayoutCost* b = best(false)) r["fastest_for_the_cluster"] = {{"layout", b->name}, {"command", command(*b)}};
     fmt::print("{}\n", r.dump(2));
     return 0;
   }
@@ -254,6 +397,20 @@ int run_plan(const PlanOptions& o) {
              o.gflops > 0 ? fmt::format("{:.3f} ms", p_cmp * 1e3) : std::string("not modelled (--gflops)"),
              prefill_tps);
   fmt::print("  {}\n", prefill_formula);
+  fmt::print("\nlayouts (decode; one conversation, and {} conversations in all):\n", N * o.batch);
+  fmt::print("  {:<11} {:<22} {:>12} {:>12} {:>9} {:>9} {:>14} {:>12} {:>12}\n", "layout", "flags", "read/step",
+             "collectives", "mem ms", "net ms", "tok/s (1 conv)", "read/step", "tok/s (all)");
+  for (const auto& [one, all] : layouts) {
+    if (!one.possible) {
+      fmt::print("  {:<11} {:<22} (the heads or MLP sizes do not split {} ways)\n", one.name, one.flags, N);
+      continue;
+    }
+    fmt::print("  {:<11} {:<22} {:>12} {:>12.0f} {:>9.3f} {:>9.3f} {:>14.2f} {:>12} {:>12.1f}\n", one.name, one.flags,
+               size(one.read), one.collectives, one.mem_s * 1e3, one.net_s * 1e3, one.tokens_per_s, size(all.read),
+               all.tokens_per_s);
+  }
+  if (const LayoutCost* b = best(true)) fmt::print("  fastest for one conversation: {}: {}\n", b->name, command(*b));
+  if (const LayoutCost* b = best(false)) fmt::print("  fastest for the cluster: {}: {}\n", b->name, command(*b));
   fmt::print("\nAssumed: uniform routing, alltoall dispatch, one rank per node, bandwidths reached in full; "
              "{} round trips per MoE layer.\n",
              o.round_trips);

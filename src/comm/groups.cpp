@@ -12,7 +12,10 @@ std::string started(int world_size) {
 
 }  // namespace
 
-std::string to_string(const ParallelConfig& cfg) { return fmt::format("--ep {} --tp {} --dp {}", cfg.ep, cfg.tp, cfg.dp); }
+std::string to_string(const ParallelConfig& cfg) {
+  return fmt::format("--ep {} --tp {} --dp {}{}", cfg.ep, cfg.tp, cfg.dp,
+                     cfg.attn_tp > 1 ? fmt::format(" --attn-tp {}", cfg.attn_tp) : "");
+}
 
 void validate_parallel_config(const ParallelConfig& cfg, int world_size) {
   MOE_CHECK(cfg.ep >= 1, "--ep must be at least 1, got {}", cfg.ep);
@@ -25,6 +28,17 @@ void validate_parallel_config(const ParallelConfig& cfg, int world_size) {
     MOE_FAIL("--ep {} --tp {} needs {} ranks, {}{}", cfg.ep, cfg.tp, need, started(world_size), hint);
   }
   MOE_CHECK(world_size % cfg.dp == 0, "--dp {} must divide the number of ranks, {}", cfg.dp, started(world_size));
+  MOE_CHECK(cfg.attn_tp >= 1, "--attn-tp must be at least 1, got {}", cfg.attn_tp);
+  if (cfg.attn_tp > 1) {
+    MOE_CHECK(cfg.tp == 1,
+              "--attn-tp {} with --tp {}: --attn-tp splits attention over ranks that hold whole experts, --tp "
+              "splits attention together with every expert's intermediate size; use one of them",
+              cfg.attn_tp, cfg.tp);
+    MOE_CHECK(cfg.attn_tp == world_size / cfg.dp,
+              "--attn-tp {} must equal the ranks of one DP replica, {} (world {} / --dp {}): attention is split "
+              "over the whole replica, which is the EP group when --dp is 1",
+              cfg.attn_tp, world_size / cfg.dp, world_size, cfg.dp);
+  }
 }
 
 ParallelGroups::ParallelGroups(Communicator& world, const ParallelConfig& cfg) : cfg_(cfg), world_(&world) {

@@ -7,6 +7,10 @@
 //   dp (DP attention, must divide world): a DP replica is a block of world/dp
 //   consecutive ranks (its attention-TP group, communicator "dp");
 //                 dp_rank = rank / (world/dp), attn_tp_rank = rank % (world/dp)
+//   attn_tp (--attn-tp, the vLLM layout of the seed 003: attention tensor-parallel
+//   over the EP group): attention heads, the shared experts and dense MLPs and the
+//   lm_head's vocabulary are split over the whole DP replica (attn_tp = world/dp,
+//   the "dp" communicator), while every routed expert stays whole (tp must be 1).
 //
 // Example, world 4, --ep 2 --tp 2 --dp 2:
 //   rank  ep_rank tp_rank dp_rank | moe_tp group  ep group  dp group
@@ -27,13 +31,15 @@ struct ParallelConfig {
   int ep = 1;  // --ep: expert-parallel size
   int tp = 1;  // --tp: MoE tensor-parallel size (an expert's I dimension split tp ways)
   int dp = 1;  // --dp: data-parallel attention replicas
+  // --attn-tp: attention TP over the EP group, experts whole (1: off; else world/dp).
+  int attn_tp = 1;
 };
 
 // Throws moe::Error naming the flags when `cfg` does not fit `world_size` ranks,
 // e.g. "--ep 3 --tp 2 needs 6 ranks, mpirun started 4".
 void validate_parallel_config(const ParallelConfig& cfg, int world_size);
 
-// "--ep 2 --tp 1 --dp 1"
+// "--ep 2 --tp 1 --dp 1" (and " --attn-tp N" when it is on)
 std::string to_string(const ParallelConfig& cfg);
 
 class ParallelGroups {

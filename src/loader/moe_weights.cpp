@@ -134,7 +134,8 @@ QuantFormat layer_quant_format(const Checkpoint& ck, const MoeConfig& cfg, int64
 // GPTQ / AWQ / compressed-tensors MLP stays int4 (loader/hf_int4).
 GatedMlpWeights load_gated(const Checkpoint& ck, const LayerRead& g, const LayerRead& u, const LayerRead& d,
                            Activation act, DType compute, bool int4 = true) {
-  const int64_t I = g.full_shape[0], H = g.full_shape[1];
+  // This rank's rows of gate/up (a column-parallel slice under --attn-tp).
+  const int64_t I = g.rule.kind == ShardKind::Column ? g.full_shape[0] / g.size : g.full_shape[0], H = g.full_shape[1];
   GatedMlpWeights w;
   w.act = act;
   if (int4 && hf_int4::is_int4_weight(ck, g.key) && hf_int4::int4_exact(ck, g.tensor_read()) &&
@@ -236,6 +237,24 @@ std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cf
   // with their weight scales. `tp`: the shared experts' TP rules through the whitelist.
   auto gated = [&](const std::string& prefix, int64_t Im, LayerRead::Role role, bool tp) {
     const std::string rel = prefix.substr(fmt::format("model.layers.{}.", layer).size());
+    if (opt.mlp_tp_size > 1) {
+      MOE_CHECK(opt.tp_size == 1, "internal: an MLP split over attention TP with MoE-TP {}", opt.tp_size);
+      MOE_CHECK(!is_int8_gated_mlp(ck, layer, rel),
+                "layer {}: '{}' is a FastDeploy int8 MLP ([in, out] weights, one scale per output channel), which "
+                "--attn-tp cannot split over ranks yet; run it with --attn-tp 1",
+                layer, prefix);
+      MOE_CHECK(Im % opt.mlp_tp_size == 0,
+                "--attn-tp {} does not divide the intermediate size {} of '{}' (layer {}): its rows are split over "
+                "the attention-TP ranks",
+                opt.mlp_tp_size, Im, prefix, layer);
+      for (const char* p : {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"}) {
+        const std::string key = prefix + p;
+        const bool down = key.ends_with("down_proj.weight");
+        add(key, down ? Shape{H, Im} : Shape{Im, H}, down ? ShardRule::row() : ShardRule::column(), role, -1,
+            opt.mlp_tp_rank, opt.mlp_tp_size);
+      }
+      return;
+    }
     if (is_int8_gated_mlp(ck, layer, rel)) {
       for (const TensorRead& t : int8_gated_mlp_reads(layer, rel, H, Im)) {
         add(t.key, t.shape, t.rule, role);
@@ -276,7 +295,10 @@ std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cf
   if (cfg.shared_intermediate_size > 0) {
     gated(keys.shared_prefix, cfg.shared_intermediate_size, LayerRead::Shared, true);
     if (cfg.shared_expert_gate) {
-      const ShardRule ru = apply_whitelist(keys.shared_gate, ShardRule::column(), moe_replicated_whitelist());
+      // [1, H]: one gate logit per token, which scales every rank's partial alike.
+      const ShardRule ru = opt.mlp_tp_size > 1
+                               ? ShardRule::replicated()
+                               : apply_whitelist(keys.shared_gate, ShardRule::column(), moe_replicated_whitelist());
       add(keys.shared_gate, {1, H}, ru, LayerRead::SharedGate, -1, ru.kind == ShardKind::Replicated ? 0 : tr,
           ru.kind == ShardKind::Replicated ? 1 : ts);
     }
@@ -417,7 +439,9 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
       case LayerRead::ExpertDown: down[r.expert - w.expert_begin] = &r; break;
       case LayerRead::FusedGateUp: fused_gu = &r; break;
       case LayerRead::FusedDown: fused_dn = &r; break;
-      case LayerRead::Shared: check_shared_whole(r, layer); shared.push_back(&r); break;
+      case LayerRead::Shared: if (opt.mlp_tp_size == 1) check_shared_whole(r, layer);
+                              shared.push_back(&r);
+                              break;
       case LayerRead::SharedGate: check_shared_whole(r, layer); sgate = &r; break;
       case LayerRead::Dense: break;
     }

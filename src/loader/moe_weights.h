@@ -55,6 +55,13 @@ struct MlpLoadOptions {
   // every routed expert (gate and up rows, down columns). I must divide by tp.
   int tp_rank = 0;
   int tp_size = 1;
+  // Attention TP over the EP group (--attn-tp): the shared experts of a MoE layer and a
+  // dense MLP layer hold intermediate rows [r*I/n, (r+1)*I/n) (gate/up column-parallel,
+  // down row-parallel) on rank r of n, and the caller sums their partial outputs over
+  // the group (the MoE layer's one all-reduce). Only with tp_size 1: MoE-TP keeps them
+  // whole (the replicated whitelist, loader/shard.h).
+  int mlp_tp_rank = 0;
+  int mlp_tp_size = 1;
   // Unexpected tensors under the layer's MLP block (keys the family's map does not
   // use): a warning through `warn` (default: stderr), or an error when strict.
   bool strict = false;
@@ -100,7 +107,8 @@ struct LayerRead {
 // rules of a dense MLP over the MoE-TP group (gate/up column, down row) passed through
 // the replicated whitelist (loader/shard.h moe_replicated_whitelist), which keeps them
 // whole: the MoE block runs them sequence-parallel. The dense MLP layers are replicated
-// (Model::mlp runs them whole on every rank, with no TP all-reduce after them).
+// (Model::mlp runs them whole on every rank, with no TP all-reduce after them). Under
+// mlp_tp_size > 1 both are split over that group instead (see MlpLoadOptions).
 std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
                                        const MlpLoadOptions& opt);
 // Bytes the loader reads for those reads (loader/shard.h read_bytes).

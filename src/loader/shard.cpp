@@ -165,13 +165,24 @@ std::vector<int64_t> shard_index_map(const std::string& key, const Shape& full, 
                                      int size, int out_dim) {
   const int nd = static_cast<int>(full.size());
   MOE_CHECK(out_dim >= 0 && out_dim < nd, "tensor '{}' of shape {}: no dim {}", key, shape_str(full), out_dim);
-  MOE_CHECK(!rule.windowed(), "tensor '{}': no index map for a windowed rule ({}); only int8 fused weights use windows",
-            key, rule.describe());
   auto iota = [](int64_t b, int64_t n) {
     std::vector<int64_t> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) v[i] = b + i;
     return v;
   };
+  if (rule.windowed()) {
+    // A window of a 2-D weight's rows or columns (a vocabulary-parallel lm_head): the
+    // window's own slice, shifted to where the window starts.
+    const int dim = rule.dim < 0 ? rule.dim + nd : rule.dim;
+    MOE_CHECK(rule.kind != ShardKind::ExpertLocal && rule.parts == 1 && dim >= 0 && dim < nd &&
+                  rule.window_begin >= 0 && rule.window_begin + rule.window_len <= full[dim],
+              "tensor '{}' of shape {}: no index map for the windowed rule {}", key, shape_str(full), rule.describe());
+    if (out_dim != dim) return iota(0, full[out_dim]);
+    const bool whole = rule.kind == ShardKind::Replicated || rule.kind == ShardKind::RowBias || size == 1;
+    const auto [s0, s1] = shard_range(fmt::format("tensor '{}' ({} {}, dim {})", key, rule.describe(), shape_str(full), dim),
+                                      rule.window_len, whole ? 0 : rank, whole ? 1 : size);
+    return iota(rule.window_begin + s0, s1 - s0);
+  }
   if (rule.kind == ShardKind::Replicated || rule.kind == ShardKind::RowBias ||
       (size == 1 && rule.kind != ShardKind::ExpertLocal))
     return iota(0, full[out_dim]);

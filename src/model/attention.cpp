@@ -59,11 +59,22 @@ void mla_latent_attend(const KvCache& cache, int64_t layer, int64_t slot, int64_
 }
 
 void check_heads(const char* what, int64_t n, int tp) {
-  MOE_CHECK(n % tp == 0, "--tp {} does not divide the model's {} {} (attention heads are split over the TP ranks)",
+  MOE_CHECK(n % tp == 0,
+            "attention TP size {} (--tp or --attn-tp) does not divide the model's {} {} (attention heads are split "
+            "over the TP ranks)",
             tp, n, what);
 }
 
 }  // namespace
+
+ShardSpec kv_head_spec(int64_t n_kv, int r, int tp) {
+  MOE_CHECK(n_kv % tp == 0 || (tp % n_kv == 0),
+            "{} attention-TP ranks and the model's {} key/value heads: one must divide the other (KV heads are split "
+            "over the ranks, or each held by {} / {} ranks)",
+            tp, n_kv, tp, n_kv);
+  if (n_kv >= tp) return {Split::Column, r, tp};
+  return {Split::Column, static_cast<int>(r / (tp / n_kv)), static_cast<int>(n_kv)};
+}
 
 bool AttentionKeys::has_bias(const std::string& prefix) const {
   return std::find(biased.begin(), biased.end(), prefix) != biased.end();
@@ -93,12 +104,12 @@ AttentionReads attention_reads(const ModelConfig& cfg, const AttentionKeys& k, i
     return a;
   }
   if (cfg.attention == AttentionKind::Gqa) {
-    check_heads("key/value heads", cfg.n_kv_heads, tp);
+    const ShardSpec kv = kv_head_spec(cfg.n_kv_heads, r, tp);
     const int64_t hd = cfg.head_dim;
     // q/k/v column-parallel by heads, o_proj row-parallel (model/attention.h).
     a.q = linear(k.q, nh * hd, H, col);
-    a.k = linear(k.k, cfg.n_kv_heads * hd, H, col);
-    a.v = linear(k.v, cfg.n_kv_heads * hd, H, col);
+    a.k = linear(k.k, cfg.n_kv_heads * hd, H, kv);
+    a.v = linear(k.v, cfg.n_kv_heads * hd, H, kv);
     a.o = linear(k.o, H, nh * hd, row);
     if (!k.q_norm.empty()) {
       a.q_norm = norm_read(k.q_norm, hd, l);
@@ -160,7 +171,7 @@ GqaAttention::GqaAttention(const Checkpoint& ck, const ModelConfig& cfg, const A
                            const LinearOptions& lin, int r, int tp) {
   const AttentionReads rd = attention_reads(cfg, k, r, tp);
   n_heads_ = cfg.n_heads / tp;
-  n_kv_ = cfg.n_kv_heads / tp;
+  n_kv_ = kv_heads_per_rank(cfg.n_kv_heads, tp);
   head_dim_ = cfg.head_dim;
   eps_ = cfg.rms_eps;
   scale_ = cfg.attn_scale;

@@ -64,6 +64,12 @@ struct AttentionReads {
 };
 // Throws if tp does not divide the heads.
 AttentionReads attention_reads(const ModelConfig& cfg, const AttentionKeys& keys, int tp_rank, int tp);
+// How GQA's key/value heads lie over tp ranks: split when tp divides them; when there
+// are fewer KV heads than ranks (tp a multiple of them), rank r holds the one KV head
+// its query heads read, KV head r / (tp / n_kv), replicated on tp / n_kv ranks (as vLLM
+// does: Qwen3-235B-A22B has 4 KV heads for 8+ ranks). Throws naming the flag otherwise.
+ShardSpec kv_head_spec(int64_t n_kv_heads, int tp_rank, int tp);
+inline int64_t kv_heads_per_rank(int64_t n_kv_heads, int tp) { return n_kv_heads >= tp ? n_kv_heads / tp : 1; }
 
 struct AttnScratch {
   LinearScratch lin;

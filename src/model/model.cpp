@@ -104,9 +104,13 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   read_generation_config(dir, m->cfg_);
   const ModelConfig& c = m->cfg_;
 
-  // Parallel layout.
+  // Parallel layout. tp_rank/tp: MoE-TP (each expert's I). attn_rank/attn: the group
+  // attention heads are split over: the MoE-TP group under --tp, the EP group (the DP
+  // replica) under --attn-tp, which also splits the shared experts, dense MLPs and the
+  // lm_head's vocabulary.
   const bool multi = opt.world && opt.world->size() > 1;
-  int tp_rank = 0, tp = 1;
+  int tp_rank = 0, tp = 1, attn_rank = 0, attn = 1;
+  EpOptions ep_opt = opt.ep;
   if (multi) {
     m->world_ = opt.world;
     m->groups_ = std::make_unique<ParallelGroups>(*opt.world, opt.par);
@@ -117,20 +121,38 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
               "--tp {} must divide the {} ranks of each DP replica (--dp {}): attention heads are split over the "
               "TP group inside a replica",
               tp, per_replica, opt.par.dp);
-    if (tp > 1) m->tp_ = &m->groups_->moe_tp();
+    if (tp > 1) {
+      m->tp_ = &m->groups_->moe_tp();
+      attn = tp;
+      attn_rank = tp_rank;
+    }
+    if (opt.par.attn_tp > 1) {
+      MOE_CHECK(opt.par.dp == 1, "--attn-tp {} with --dp {}: attention TP inside DP replicas is not built yet",
+                opt.par.attn_tp, opt.par.dp);
+      MOE_CHECK(opt.ep.comm == MoeComm::AllReduce || opt.ep.comm == MoeComm::Auto,
+                "--attn-tp {} runs every MoE layer as one all-reduce of routed + shared partial outputs: --moe-comm "
+                "must be allreduce or auto, got {}",
+                opt.par.attn_tp, moe_comm_name(opt.ep.comm));
+      m->tp_ = m->attn_tp_ = &m->groups_->dp_attn();
+      attn = opt.par.attn_tp;
+      attn_rank = m->groups_->attn_tp_rank();
+      ep_opt.comm = MoeComm::AllReduce;
+      ep_opt.shared_partial = true;
+    }
   } else {
     MOE_CHECK(opt.par.ep * opt.par.tp * opt.par.dp == 1 || !opt.world,
               "{} needs several ranks: start the job with mpirun", to_string(opt.par));
   }
+  const char* attn_flag = opt.par.attn_tp > 1 ? "--attn-tp" : "--tp";
   if (c.attention == AttentionKind::Mla) {
-    MOE_CHECK(c.n_heads % tp == 0,
-              "--tp {} does not divide the model's {} attention heads (attention heads are split over the TP ranks)",
-              tp, c.n_heads);
+    MOE_CHECK(c.n_heads % attn == 0,
+              "{} {} does not divide the model's {} attention heads (attention heads are split over the TP ranks)",
+              attn_flag, attn, c.n_heads);
   } else {
-    MOE_CHECK(c.n_heads % tp == 0 && c.n_kv_heads % tp == 0,
-              "--tp {} does not divide the model's {} attention heads and {} key/value heads (attention heads are "
-              "split over the TP ranks)",
-              tp, c.n_heads, c.n_kv_heads);
+    MOE_CHECK(c.n_heads % attn == 0 && (c.n_kv_heads % attn == 0 || attn % c.n_kv_heads == 0),
+              "{} {} does not fit the model's {} attention heads and {} key/value heads (query heads are split over "
+              "the TP ranks; key/value heads too, or each held by several ranks when there are fewer of them)",
+              attn_flag, attn, c.n_heads, c.n_kv_heads);
   }
 
   // Layers the decoder does not run are skipped aloud: DeepSeek-V3's multi-token-
@@ -162,8 +184,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   MlpLoadOptions lo0;
   lo0.tp_rank = tp_rank;
   lo0.tp_size = tp;
+  lo0.mlp_tp_rank = m->attn_tp_ ? attn_rank : 0;
+  lo0.mlp_tp_size = m->attn_tp_ ? attn : 1;
   const LoadBytes lb = load_bytes(
-      ck, c, tp_rank, tp, lo0,
+      ck, c, attn_rank, attn, lo0,
       [&](int64_t l) {
         return multi ? static_cast<double>(placements.layer(l).rank_experts(m->groups_->ep_rank()).size()) /
                            static_cast<double>(std::max<int64_t>(1, c.moe.n_experts))
@@ -185,10 +209,14 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   // int8's bytes at decode, but its GEMM is ~1.6x int8's time at prefill (a float step per
   // 32 inputs; docs/PERF.md), so --quantize-linears w8a8 is the prefill-heavy choice.
   lin.keep_int4 = opt.gguf_q4_0_as_int4 && !opt.quantize_linears;
-  if (const auto lm = lm_head_read(c))
+  // Vocabulary-parallel under --attn-tp: this rank's rows of lm_head only. (The
+  // embedding stays a whole view of the mapping: a step touches only its tokens' rows,
+  // so splitting it would add a collective per step and save no bytes read.)
+  m->vocab_ = m->attn_tp_ ? vocab_range(c.vocab_size, attn_rank, attn) : std::pair<int64_t, int64_t>{0, c.vocab_size};
+  if (const auto lm = m->attn_tp_ ? lm_head_read(c, m->vocab_) : lm_head_read(c))
     m->lm_head_ = load_linear(ck, *lm, lin);
-  else  // tie_word_embeddings
-    m->lm_head_ = make_linear(m->embed_, lin);  // packed from the view: no f32 copy of [V, H]
+  else  // tie_word_embeddings: packed from the view, no f32 copy of [V, H]
+    m->lm_head_ = make_linear(m->embed_.slice_rows(m->vocab_.first, m->vocab_.second), lin);
   m->rope_ = Rope(c.rope);
   progress.advance(lb.outside);
 
@@ -201,14 +229,16 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     L.post_norm = load_f32(ck, post_attn_norm_read(c, l));
     const AttentionKeys ak = fam.attention_keys(c, l);
     if (c.attention == AttentionKind::Mla)
-      L.mla = std::make_unique<MlaAttention>(ck, c, ak, lin, tp_rank, tp);
+      L.mla = std::make_unique<MlaAttention>(ck, c, ak, lin, attn_rank, attn);
     else
-      L.gqa = std::make_unique<GqaAttention>(ck, c, ak, lin, tp_rank, tp);
+      L.gqa = std::make_unique<GqaAttention>(ck, c, ak, lin, attn_rank, attn);
     progress.advance(lb.layer[l]);
     if (!c.moe.is_moe_layer(l)) {
       MlpLoadOptions dl;
       dl.compute = opt.dtype;
       dl.gguf_q4_0_as_int4 = opt.gguf_q4_0_as_int4;  // an int4 (GPTQ, AWQ, ...) dense MLP
+      dl.mlp_tp_rank = lo0.mlp_tp_rank;  // split over --attn-tp, summed in mlp()
+      dl.mlp_tp_size = lo0.mlp_tp_size;
       L.dense = load_dense_mlp(ck, c.moe, l, dl);
       progress.advance(lb.mlp[l]);
       continue;
@@ -220,6 +250,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     lo.quantize_w4a8 = opt.quantize_w4a8;
     lo.int4_group = opt.int4_group;
     lo.gguf_q4_0_as_int4 = opt.gguf_q4_0_as_int4;
+    lo.mlp_tp_rank = lo0.mlp_tp_rank;  // the shared experts, under --attn-tp
+    lo.mlp_tp_size = lo0.mlp_tp_size;
     lo.progress = &progress;  // advanced by each expert packed
     auto weights = [&] { return opt.moe_weights ? opt.moe_weights(l, lo) : load_moe_layer(ck, c.moe, l, lo); };
     if (!multi) {
@@ -233,7 +265,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
         lo.expert_end = e;
         return weights();
       });
-      L.ep_moe = std::make_unique<EpMoeLayer>(MoeLayer(c.moe, std::move(w)), *opt.world, std::move(placement), opt.ep);
+      L.ep_moe = std::make_unique<EpMoeLayer>(MoeLayer(c.moe, std::move(w)), *opt.world, std::move(placement), ep_opt);
     }
     progress.advance(lb.mlp[l]);
   }
@@ -259,8 +291,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
               "--max-seq-len {} exceeds the model's sliding_window {} (sliding-window attention is not supported)",
               max_seq, c.sliding_window);
   const bool mla = c.attention == AttentionKind::Mla;
-  const int64_t a_dim = mla ? c.kv_lora_rank : c.n_kv_heads / tp * c.head_dim;
-  const int64_t b_dim = mla ? c.qk_rope_head_dim : c.n_kv_heads / tp * c.head_dim;
+  // GQA: this rank's KV heads only. MLA: the latent is every head's input, so each
+  // attention-TP rank holds all of it (as vLLM does).
+  const int64_t a_dim = mla ? c.kv_lora_rank : kv_heads_per_rank(c.n_kv_heads, attn) * c.head_dim;
+  const int64_t b_dim = mla ? c.qk_rope_head_dim : kv_heads_per_rank(c.n_kv_heads, attn) * c.head_dim;
   KvCacheShape ks;
   ks.n_layers = c.n_layers;
   ks.n_slots = opt.n_slots;
@@ -290,6 +324,7 @@ void Model::mlp(DecoderLayer& L, int64_t l, const Tensor& x, float* y) {
   const int64_t T = x.dim(0), H = cfg_.hidden_size;
   if (L.dense) {
     run_gated_mlp(*L.dense, x, y, mlp_s_);
+    if (attn_tp_ && T > 0) attn_tp_->all_reduce_sum(y, static_cast<size_t>(T * H));  // row-parallel down_proj
     return;
   }
   MoeLayer& local = L.moe ? *L.moe : L.ep_moe->local();
@@ -396,9 +431,34 @@ Tensor Model::forward(const StepBatch& b) {
   for (int64_t i = 0; i < n; ++i)
     rms_norm(hp + b.logit_rows[i] * H, final_norm_.data<float>(), 1, H, cfg_.rms_eps, last.data<float>() + i * H);
   Tensor logits = Tensor::empty({n, V}, DType::F32);
-  linear_forward(lm_head_, last.data<float>(), n, logits.data<float>(), lin_s_);
+  if (!attn_tp_) {
+    linear_forward(lm_head_, last.data<float>(), n, logits.data<float>(), lin_s_);
+  } else {
+    gather_vocab_logits(last.data<float>(), n, logits.data<float>());
+  }
   if (eplb_) eplb_->after_step(expert_load_);
   return logits;
+}
+
+void Model::gather_vocab_logits(const float* x, int64_t n, float* logits) {
+  // Each rank's [n, V_r] block, gathered rank after rank, then laid out as [n, V].
+  const int R = attn_tp_->size();
+  const int64_t V = cfg_.vocab_size, Vr = vocab_.second - vocab_.first;
+  Tensor& mine = step_buffer(step_vocab_, n, std::max<int64_t>(Vr, 1));
+  if (Vr > 0) linear_forward(lm_head_, x, n, mine.data<float>(), lin_s_);
+  vocab_gather_.resize(static_cast<size_t>(n * V));
+  std::vector<size_t> bytes(R);
+  for (int r = 0; r < R; ++r) {
+    const auto [b, e] = vocab_range(V, r, R);
+    bytes[r] = static_cast<size_t>(n * (e - b)) * sizeof(float);
+  }
+  attn_tp_->all_gather_v(mine.data<float>(), static_cast<size_t>(n * Vr) * sizeof(float), vocab_gather_.data(), bytes);
+  const float* block = vocab_gather_.data();
+  for (int r = 0; r < R; ++r) {
+    const auto [b, e] = vocab_range(V, r, R);
+    for (int64_t i = 0; i < n; ++i) std::memcpy(logits + i * V + b, block + i * (e - b), (e - b) * sizeof(float));
+    block += n * (e - b);
+  }
 }
 
 void Model::reset_expert_load() {

@@ -9,6 +9,13 @@
 //                           ranks): q/k/v column-parallel, o_proj row-parallel +
 //                           all-reduce over that group; MoE as above (experts split
 //                           ep ways, each expert's I split T ways).
+//   --ep N --attn-tp N      attention heads (and GQA's KV cache) split over the EP
+//                           group, which is the world; each routed expert whole on its
+//                           EP rank; shared experts and dense MLPs split like a
+//                           column/row-parallel pair; every MoE layer ends in one
+//                           all-reduce of routed + shared partials (allreduce strategy,
+//                           EpOptions::shared_partial); lm_head vocabulary-parallel, its
+//                           logits all-gathered. (The vLLM layout of the seed 003.)
 //   --dp D                  D replicas (blocks of world/D ranks) each run their own
 //                           requests; MoE through EpMoeLayer::forward (own tokens).
 //                           Every rank must call forward() the same number of times,
@@ -141,15 +148,20 @@ class Model {
  private:
   Model() = default;
   void mlp(DecoderLayer& L, int64_t layer, const Tensor& x, float* y);
+  // --attn-tp: this rank's vocabulary rows of x [n, H] through lm_head, all-gathered
+  // into logits [n, V].
+  void gather_vocab_logits(const float* x, int64_t n, float* logits);
 
   ModelConfig cfg_;
   ModelOptions opt_;
   Communicator* world_ = nullptr;
   std::unique_ptr<ParallelGroups> groups_;
-  Communicator* tp_ = nullptr;  // attention TP group (size par.tp), nullptr if 1
+  Communicator* tp_ = nullptr;  // attention TP group (size par.tp or par.attn_tp), nullptr if 1
+  Communicator* attn_tp_ = nullptr;  // --attn-tp: that group, which also splits MLPs and vocab
+  std::pair<int64_t, int64_t> vocab_;  // lm_head rows this rank holds [first, second)
   Tensor embed_;                 // [V, H] checkpoint dtype (view of the mapping)
   Tensor final_norm_;            // f32 [H]
-  Linear lm_head_;               // [V, H]
+  Linear lm_head_;               // [V, H], or this rank's [V_r, H] under --attn-tp
   std::vector<DecoderLayer> layers_;
   Rope rope_;  // positions -> cos/sin tables (all layers share one RoPE)
   KvCache cache_;
@@ -158,7 +170,8 @@ class Model {
   Placement one_rank_placement_;  // placement() of one-rank layers (contiguous)
   // Scratch, grown as needed. step_*: f32 [T, H] of the last forward() (residual
   // stream, normed input, layer output) and [logit rows, H]; see step_buffer().
-  Tensor step_h_, step_xn_, step_tmp_, step_last_;
+  Tensor step_h_, step_xn_, step_tmp_, step_last_, step_vocab_;
+  std::vector<float> vocab_gather_;  // --attn-tp: every rank's [n, V_r] logits, rank after rank
   AttnScratch attn_s_;
   MoeScratch mlp_s_;
   LinearScratch lin_s_;

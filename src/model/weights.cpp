@@ -16,6 +16,14 @@ std::optional<LinearRead> lm_head_read(const ModelConfig& c) {
   return linear_read(ModelKeys().lm_head, c.vocab_size, c.hidden_size, /*bias=*/false);
 }
 
+std::optional<LinearRead> lm_head_read(const ModelConfig& c, std::pair<int64_t, int64_t> vocab) {
+  auto r = lm_head_read(c);
+  if (r) r->weight.rule = ShardRule::column().window(vocab.first, vocab.second - vocab.first);
+  return r;
+}
+
+std::pair<int64_t, int64_t> vocab_range(int64_t V, int r, int n) { return {V * r / n, V * (r + 1) / n}; }
+
 TensorRead input_norm_read(const ModelConfig& c, int64_t l) {
   return norm_read(ModelKeys().input_norm(l), c.hidden_size, l);
 }

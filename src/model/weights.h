@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "loader/shard.h"
@@ -19,6 +20,11 @@ TensorRead embed_read(const ModelConfig& c);       // [V, H], replicated
 TensorRead final_norm_read(const ModelConfig& c);  // [H]
 // [V, H], replicated; none when tie_word_embeddings (the embeddings serve as lm_head).
 std::optional<LinearRead> lm_head_read(const ModelConfig& c);
+// Vocabulary-parallel: rows [vocab.first, vocab.second) of lm_head (a window of the
+// output dim, read as a view where the dtype allows).
+std::optional<LinearRead> lm_head_read(const ModelConfig& c, std::pair<int64_t, int64_t> vocab);
+// The vocabulary rows rank r of n holds: [V*r/n, V*(r+1)/n) (V need not divide by n).
+std::pair<int64_t, int64_t> vocab_range(int64_t V, int r, int n);
 TensorRead input_norm_read(const ModelConfig& c, int64_t layer);      // [H]
 TensorRead post_attn_norm_read(const ModelConfig& c, int64_t layer);  // [H]
 

@@ -43,6 +43,10 @@ struct EpOptions {
   int64_t chunk_tokens = 0;
   // Run the shared experts while the routed experts' communication is in flight.
   bool overlap = true;
+  // Attention TP over the EP group (--attn-tp, allreduce only): this rank's shared
+  // experts hold a slice of their intermediate size, so their partial output joins the
+  // routed partial before the one all-reduce (no overlap: the sum needs both).
+  bool shared_partial = false;
 };
 
 // Where the time of the last forward() went, summed over its chunks.

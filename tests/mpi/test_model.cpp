@@ -7,14 +7,21 @@
 //   FP8 checkpoints in bf16 (codes kept): every layout  ModelFp8
 //   --tp 3 on a model with 4 heads                     world 3: a clear error
 //   --kv-cache-dtype bf16 under --ep R (all-to-all)   the one-rank bf16-cache logits, bitwise
+//   --ep R --attn-tp R (attention, KV, shared experts, dense MLPs, vocab split R ways;
+//     the seed's vLLM layout)                           every fixture; R = 3: errors
+//   the collectives of one --attn-tp decode step        one all-reduce per attention
+//                                                       and per MLP block, one gather
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "comm/communicator.h"
+#include "loader/checkpoint.h"
+#include "model/registry.h"
 #include "model/model.h"
 #include "runtime/generate.h"
 #include "../test_model_util.h"
+#include "counting_comm.h"
 
 namespace moe {
 namespace {
@@ -24,6 +31,7 @@ Communicator& world() { return world_comm(true); }
 struct Layout {
   int ep, tp, dp;
   MoeComm comm;
+  int attn_tp = 1;
 };
 
 std::unique_ptr<Model> load(const std::string& dir, const Layout& l, int64_t n_prompts, DType kv = DType::F32) {
@@ -32,7 +40,7 @@ std::unique_ptr<Model> load(const std::string& dir, const Layout& l, int64_t n_p
   o.n_slots = (n_prompts + l.dp - 1) / l.dp;
   o.max_seq = 32;
   o.world = &world();
-  o.par = {l.ep, l.tp, l.dp};
+  o.par = {l.ep, l.tp, l.dp, l.attn_tp};
   o.ep.comm = l.comm;
   return Model::load(dir, o);
 }
@@ -45,7 +53,8 @@ GenerateResult greedy(Model& m, const std::vector<std::vector<int32_t>>& prompts
 }
 
 std::string describe(const Layout& l) {
-  return fmt::format("--ep {} --tp {} --dp {} --moe-comm {}", l.ep, l.tp, l.dp, moe_comm_name(l.comm));
+  return fmt::format("--ep {} --tp {} --dp {} --attn-tp {} --moe-comm {}", l.ep, l.tp, l.dp, l.attn_tp,
+                     moe_comm_name(l.comm));
 }
 
 TEST(ModelEp, EveryStrategyGivesTheSingleRankResult) {
@@ -108,6 +117,117 @@ TEST(ModelTp, TensorParallelAttentionWithExpertParallelMoe) {
   }
 }
 
+// Whether R attention-TP ranks fit fixture `dir`: query heads split, KV heads split or
+// replicated, the shared experts' and dense MLPs' intermediate sizes split.
+bool attn_tp_fits(const std::string& dir, int R) {
+  const ModelConfig c = model_config_from_hf(Checkpoint::open(dir).config());
+  const bool kv = c.attention == AttentionKind::Mla || c.n_kv_heads % R == 0 || R % c.n_kv_heads == 0;
+  const bool dense = c.moe.dense_intermediate_size % R == 0;  // 0: no dense layer
+  return c.n_heads % R == 0 && kv && c.moe.shared_intermediate_size % R == 0 && dense;
+}
+
+// The seed's vLLM layout: attention TP = EP = the world. Heads (and GQA's KV cache) split
+// R ways (2 KV heads over 4 ranks: each held by 2), routed experts whole and EP, shared
+// experts and dense MLPs split and summed in the MoE layer's one all-reduce, lm_head split
+// by vocabulary. Against transformers' logits (f32 within 1e-4) and greedy tokens, and the
+// same bits on a second run. Where R does not fit (3 ranks, 4 heads): an error naming it.
+TEST(ModelAttnTp, EveryFamilyWithAttentionTpOverTheEpGroup) {
+  const int R = world().size();
+  if (R == 1) GTEST_SKIP() << "--attn-tp needs 2 or more ranks";
+  int ran = 0;
+  for (const auto& f : test::model_fixtures()) {
+    if (f.name.find("_fused") != std::string::npos) continue;
+    const Layout l{R, 1, 1, MoeComm::Auto, R};
+    SCOPED_TRACE(f.name + " " + describe(l));
+    if (!attn_tp_fits(f.dir, R)) {
+      try {
+        load(f.dir, l, 3);
+        ADD_FAILURE() << "expected an error";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(fmt::format("--attn-tp {} does not", R)), std::string::npos) << e.what();
+      }
+      continue;
+    }
+    ++ran;
+    auto m = load(f.dir, l, 3);
+    const Tensor got = prefill_logits(*m, f.prompts);
+    EXPECT_LE(test::max_logit_diff(got, f.logits, f.prompts), 1e-4);
+    auto again = load(f.dir, l, 3);
+    EXPECT_EQ(test::max_logit_diff(prefill_logits(*again, f.prompts), got, f.prompts), 0.0) << "run to run";
+    auto m2 = load(f.dir, l, 3);
+    const GenerateResult r = greedy(*m2, f.prompts);
+    for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
+  }
+  if (R == 2 || R == 4) {
+    EXPECT_GE(ran, 6) << "every fixture family fits 2 and 4 ranks";
+  }
+}
+
+// The collectives of the seed's layout, counted on every rank: a decode step runs, per
+// layer, one all-reduce after attention (row-parallel o_proj) and one for the MLP block
+// (MoE: routed + shared partials together; dense: the row-parallel down_proj), and one
+// all-gather of the vocabulary-parallel logits. Nothing else.
+TEST(ModelAttnTp, OneAllReducePerAttentionAndPerMlpBlock) {
+  const int R = world().size();
+  if (R != 2 && R != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  for (const char* name : {"deepseek_v3", "qwen2_moe"}) {  // MLA + dense layer + shared; GQA + gated shared
+    SCOPED_TRACE(name);
+    const std::string dir = test::fixtures_dir() + "/" + name;
+    auto tally = std::make_shared<test::CountingComm::Tally>();
+    test::CountingComm counting(world(), tally);
+    ModelOptions o;
+    o.n_slots = 1;
+    o.max_seq = 32;
+    o.world = &counting;
+    o.par = {R, 1, 1, R};
+    auto m = Model::load(dir, o);
+    const int64_t L = m->config().n_layers;
+    StepBatch b;
+    b.tokens = {5, 9, 11};
+    b.positions = {0, 1, 2};
+    b.seqs = {{/*slot=*/0, /*first=*/0, /*n=*/3, /*start_pos=*/0}};
+    b.logit_rows = {2};
+    m->forward(b);  // prefill: the same collectives as a decode step, for 3 rows
+    tally->clear();
+    b.tokens = {7};
+    b.positions = {3};
+    b.seqs = {{/*slot=*/0, /*first=*/0, /*n=*/1, /*start_pos=*/3}};
+    b.logit_rows = {0};
+    const Tensor logits = m->forward(b);
+    EXPECT_EQ(logits.dim(1), m->config().vocab_size);
+    const test::CountingComm::Tally want = {{"all_reduce", 2 * L}, {"all_gather_v", 1}};
+    EXPECT_EQ(*tally, want);
+  }
+}
+
+// What `moe-ep plan` counts for the replicated layout (--ep R, auto): at decode sizes one
+// all-gather per MoE layer (the slot gather), none for attention or a dense layer.
+TEST(ModelAttnTp, ReplicatedAttentionRunsOneAllGatherPerMoeLayer) {
+  const int R = world().size();
+  if (R == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  const std::string dir = test::fixtures_dir() + "/deepseek_v3";  // layer 0 dense, then MoE
+  auto tally = std::make_shared<test::CountingComm::Tally>();
+  test::CountingComm counting(world(), tally);
+  ModelOptions o;
+  o.n_slots = 1;
+  o.max_seq = 32;
+  o.world = &counting;
+  o.par = {R, 1, 1};
+  auto m = Model::load(dir, o);
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < m->config().n_layers; ++l) moe_layers += m->config().moe.is_moe_layer(l);
+  ASSERT_LT(moe_layers, m->config().n_layers);
+  StepBatch b;
+  b.tokens = {7};
+  b.positions = {0};
+  b.seqs = {{/*slot=*/0, /*first=*/0, /*n=*/1, /*start_pos=*/0}};
+  b.logit_rows = {0};
+  tally->clear();
+  m->forward(b);
+  const test::CountingComm::Tally want = {{"all_gather_v", moe_layers}};
+  EXPECT_EQ(*tally, want);
+}
+
 TEST(ModelDp, ReplicasWithAndWithoutRequestsStayInLockStep) {
   const int R = world().size();
   if (R % 2 != 0) GTEST_SKIP() << "--dp 2 needs an even number of ranks";
@@ -147,6 +267,8 @@ TEST(ModelDp, SeededSamplingIsTheSameOnEveryLayout) {
   const GenerateResult want = generate(*ref, f.prompts, go);
   std::vector<Layout> layouts = {{R, 1, 1, MoeComm::AllToAll}};
   if (R % 2 == 0) layouts.push_back({R, 1, 2, MoeComm::AllToAll});
+  // Vocabulary-parallel lm_head: the seeded top-k draw sees the gathered logits.
+  if (R > 1 && attn_tp_fits(f.dir, R)) layouts.push_back({R, 1, 1, MoeComm::Auto, R});
   for (const Layout& l : layouts) {
     SCOPED_TRACE(describe(l));
     auto m = load(f.dir, l, 3);
@@ -205,7 +327,9 @@ TEST(ModelTp, TpNotDividingHeadsIsAnError) {
     load(dir, {1, 3, 1, MoeComm::Auto}, 1);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--tp 3 does not divide"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--tp 3 does not fit the model's 4 attention heads and 2 key/value heads"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -9,6 +9,7 @@
 #   serve_e2e.sh BIN MODEL ep2       mpirun -np 2 --ep 2: the same answers as one rank
 #                                    (cold and from the prefix cache, n=3 choices),
 #                                    SIGTERM on rank 0 ends every rank with 0
+#   serve_e2e.sh BIN MODEL attn2     mpirun -np 2 --ep 2 --attn-tp 2: the same answers as one rank
 #   serve_e2e.sh BIN MODEL kill      mpirun -np 2 --ep 2: rank 1 killed under load ends
 #                                    the job non-zero in bounded time, clients see errors
 # E2E_FLAGS (e.g. "--dtype bf16") go to every serve and generate command.
@@ -235,6 +236,22 @@ ep2)
   SERVER_PID=""
   [ "$rc" = 0 ] || fail "SIGTERM on rank 0: mpirun exit code $rc"
   echo "ok: --ep 2 answers equal one rank's; SIGTERM on rank 0 -> every rank exits 0"
+  ;;
+attn2)
+  # The seed's vLLM layout: attention, KV cache, shared experts and lm_head split over the
+  # 2 ranks, experts whole and EP over the same 2 (the answers as one rank's: greedy).
+  reference
+  start_server mpirun -np 2 --oversubscribe "$BIN" "${SERVE_FLAGS[@]}" --ep 2 --attn-tp 2 --comm-timeout 20
+  check_answers
+  check_prefix_cache
+  check_choices
+  rank0=$(rank_pid 0)
+  [ -n "$rank0" ] || fail "cannot find rank 0"
+  kill -TERM "$rank0"
+  rc=0; wait "$SERVER_PID" || rc=$?
+  SERVER_PID=""
+  [ "$rc" = 0 ] || fail "SIGTERM on rank 0: mpirun exit code $rc"
+  echo "ok: --ep 2 --attn-tp 2 answers equal one rank's; SIGTERM on rank 0 -> every rank exits 0"
   ;;
 kill)
   start_server mpirun -np 2 --oversubscribe "$BIN" "${SERVE_FLAGS[@]}" --ep 2 --comm-timeout 5

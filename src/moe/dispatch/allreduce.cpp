@@ -2,7 +2,9 @@
 // routes them (the same way everywhere), gathers only the rows of its own experts
 // (a ragged gather: no masked zero-weight rows), computes them, combines its
 // partial output and sums the partials over all ranks in one all-reduce. The shared
-// experts run while the all-reduce is in flight.
+// experts run while the all-reduce is in flight, or, when each rank holds a slice of
+// them (EpOptions::shared_partial, --attn-tp), join the partial before it: the seed's
+// one all-reduce of routed + shared outputs.
 #include <cstring>
 
 #include "moe/dispatch/common.h"
@@ -23,6 +25,18 @@ class AllReduce final : public MoeStrategy {
       layer.route(x, routing_);
       st.rows += routing_.index.rows_in(layer.weights().expert_begin, layer.weights().expert_end);
       layer.routed_partial(x, routing_, y);
+    }
+    if (ep_.options().shared_partial) {
+      {
+        ScopedTimer timer(st.shared_s);
+        layer.shared_experts(x, y, /*accumulate=*/true);
+      }
+      if (T > 0) {
+        ScopedTimer timer(st.comm_wait_s);
+        ep_.comm().all_reduce_sum(y, static_cast<size_t>(T * H));
+      }
+      st.bytes_sent += static_cast<double>(T * H * sizeof(float)) * (ep_.comm().size() > 1);
+      return;
     }
     std::unique_ptr<CommRequest> req;
     if (T > 0) req = ep_.comm().iall_reduce_sum(y, static_cast<size_t>(T * H));
