@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   verbs.push_back(moe::add_eplb_verb(app));
   verbs.push_back(moe::add_plan_verb(app));
   for (auto& v : verbs) add_global(v.cmd, g);
+  verbs.push_back(moe::add_launch_verb(app));  // runs no kernels: no --threads / --isa
 
   try {
     app.parse(argc, argv);

@@ -28,5 +28,6 @@ Verb add_serve_verb(CLI::App& app);                  // cli/serve_cmd.cpp (OpenA
 Verb add_bench_serve_verb(CLI::App& app);            // cli/bench_serve_cmd.cpp (load generator)
 Verb add_eplb_verb(CLI::App& app);                   // cli/eplb_cmd.cpp (expert placement from a load file)
 Verb add_plan_verb(CLI::App& app);                   // cli/plan_cmd.cpp (cluster sizing on paper)
+Verb add_launch_verb(CLI::App& app);                 // cli/launch_cmd.cpp (mpirun supervised: lost hosts end the job)
 
 }  // namespace moe

@@ -15,6 +15,9 @@
 #                         mid-generation, host 2's link goes down / its rank is SIGKILLed /
 #                         frozen (SIGSTOP): every survivor reports the lost rank and host
 #                         within --comm-timeout + 5 s, the job ends, no output file is left
+#   fault-link-default-tcp|fault-kill-default-tcp|fault-stop-default-tcp
+#                         the same with the kernel's TCP settings and OpenMPI's keepalive
+#                         defaults, the job run under `moe-ep launch`
 #   clock <shim.so>       every rank's wall clock jumps 1 h forward, then back, mid-generation
 #                         (clock_jump.cpp, LD_PRELOAD): the bounded waits (steady_clock) notice
 #                         nothing, --comm-timeout 2 does not fire, the tokens equal one rank's
@@ -127,8 +130,15 @@ strategies() {  # strategies <hosts> <per>
 
 # Fault cases: a long generation (it would run for minutes), the fault at 2 s.
 timeout_s=3
-fault_case() {  # fault_case link|kill|stop
-  local kind=$1
+fault_case() {  # fault_case link|kill|stop [default-tcp]
+  local kind=$1 defaults=${2:-}
+  # default-tcp: the kernel's TCP settings (tcp_retries2 15) and OpenMPI's keepalive
+  # defaults, as on hosts nobody tuned, with the job run under `moe-ep launch`.
+  local launch=()
+  if [ -n "$defaults" ]; then
+    export NETBED_TCP_RETRIES2=15 NETBED_KEEPALIVE="300 20 9"
+    launch=("$bin" launch --grace 5 --)
+  fi
   up 3
   local h2 out="$tmp/out.json" stamps="$tmp/stamps" faultt="$tmp/fault_time"
   h2=$(bash "$bed" host "$id" 2)
@@ -159,14 +169,15 @@ fault_case() {  # fault_case link|kill|stop
   esac
   local limit=$((2 + timeout_s + 5 + 15))
   bash "$here/expect_fault.sh" --stamp "$stamps" --absent "$out" ${also[@]+"${also[@]}"} "$limit" "$pattern" \
-    bash "$bed" mpirun "$id" 3 1 "$bin" "${args[@]}" || fail "fault '$kind'"
+    ${launch[@]+"${launch[@]}"} bash "$bed" mpirun "$id" 3 1 "$bin" "${args[@]}" || fail "fault '$kind'"
   wait "$injector" || true
   [ -f "$faultt" ] || fail "the fault was not injected (the run ended before it)"
   local tf end
   tf=$(cat "$faultt")
   # Reports within --comm-timeout + 5 s of the fault; the job ended (mpirun returned) within
   # --comm-timeout + 15 s (it must first learn over TCP that host 2's daemon is gone:
-  # tcp_retries2 in scripts/netbed.sh; 6.5 s after --comm-timeout measured, margin for a loaded CI).
+  # tcp_retries2 in scripts/netbed.sh; 6.5 s after --comm-timeout measured, margin for a loaded CI;
+  # with default TCP settings, `moe-ep launch` ends it 5 s after the first report).
   if [ "$kind" != kill ]; then
     grep -E "moe-ep: rank [02]: .*Lost" "$stamps" | while read -r st _; do
       st=${st#[}; st=${st%]}
@@ -184,7 +195,7 @@ fault_case() {  # fault_case link|kill|stop
       [ "$(cat /proc/"$p"/comm 2>/dev/null)" = moe-ep ] && fail "a moe-ep rank (pid $p) is still running on host $i"
     done
   done
-  echo "ok: fault '$kind': reports and end $(awk -v a="$end" -v b="$tf" 'BEGIN{print a-b}') s after the fault"
+  echo "ok: fault '$kind'${defaults:+ ($defaults, under moe-ep launch)}: reports and end $(awk -v a="$end" -v b="$tf" 'BEGIN{print a-b}') s after the fault"
 }
 
 case "$case_" in
@@ -259,6 +270,9 @@ case "$case_" in
   fault-link) fault_case link ;;
   fault-kill) fault_case kill ;;
   fault-stop) fault_case stop ;;
+  fault-link-default-tcp) fault_case link default-tcp ;;
+  fault-kill-default-tcp) fault_case kill default-tcp ;;
+  fault-stop-default-tcp) fault_case stop default-tcp ;;
   *) echo "netbed_test: unknown case '$case_'"; exit 2 ;;
 esac
 echo "netbed_test: OK"
