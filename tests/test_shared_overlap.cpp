@@ -49,7 +49,9 @@ TEST(SharedOverlap, SharedExpertsRunInsideTheCommunicationWait) {
     dispatch::SharedRun run;
     SlowRequest req(0.2);
     const double w0 = dispatch::now_s();
-    run.start_then_wait(layer, x, overlap, st, &req);
+    EpOptions opt;
+    opt.overlap = overlap;
+    run.start_then_wait(layer, x, opt, st, &req);
     const double w1 = dispatch::now_s();
     Tensor y = Tensor::zeros({T, H}, DType::F32);
     run.add_to(y.data<float>());
@@ -64,6 +66,17 @@ TEST(SharedOverlap, SharedExpertsRunInsideTheCommunicationWait) {
     for (int64_t i = 0; i < T * H; ++i)  // 0 + s == s exactly (== also equates -0 and +0)
       ASSERT_EQ(y.data<float>()[i], want.data<float>()[i]) << "y must be exactly the shared output, element " << i;
   }
+  // Under attention TP the shared experts hold a slice and are summed by the caller
+  // (EpOptions::shared_partial): the strategies' run adds nothing.
+  EpStats st;
+  dispatch::SharedRun run;
+  EpOptions opt;
+  opt.shared_partial = true;
+  run.start_then_wait(layer, x, opt, st, nullptr);
+  Tensor y = Tensor::zeros({T, H}, DType::F32);
+  run.add_to(y.data<float>());
+  for (int64_t i = 0; i < T * H; ++i) ASSERT_EQ(y.data<float>()[i], 0.f) << "element " << i;
+  EXPECT_EQ(st.shared_s, 0.0);
 }
 
 }  // namespace

@@ -76,10 +76,11 @@ void add_model_parallel_options(CLI::App* cmd, ParallelOptions& o) {
                   "Attention tensor-parallel over the EP group (vLLM's --tensor-parallel-size N "
                   "--enable-expert-parallel, the seed's layout): attention heads, the KV cache (GQA), the shared "
                   "experts, dense MLP layers and the lm_head's vocabulary are split over the ranks of a DP replica "
-                  "(must equal world / --dp; --dp 1 only for now), while each routed expert stays whole on its EP "
-                  "rank; every MoE layer ends in one all-reduce of routed + shared partial outputs (--moe-comm "
-                  "allreduce or auto). Every rank reads 1/N of the attention, shared-expert and lm_head bytes per "
-                  "token instead of all of them. 1: attention replicated over the EP ranks")
+                  "(must equal world / --dp), while each routed expert stays whole on its EP rank. With --dp 1 and "
+                  "--moe-comm auto or allreduce every MoE layer ends in one all-reduce of routed + shared partial "
+                  "outputs; with the all-to-all strategies or --dp > 1 each rank of a replica dispatches its share of "
+                  "the rows and the replica gathers them back. Every rank reads 1/N of the attention, shared-expert "
+                  "and lm_head bytes per token instead of all of them. 1: attention replicated over the EP ranks")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_flag("--enable-expert-parallel", o.vllm_enable_ep,
@@ -132,14 +133,6 @@ Communicator& parallel_world(const ParallelOptions& o) {
                  "bounds each MoE call's rows)\n",
                  unused);
   }
-  MOE_CHECK(o.par.attn_tp == 1 || o.moe_comm == "allreduce" || o.moe_comm == "auto",
-            "--attn-tp {} ends every MoE layer in one all-reduce of the routed and shared experts' partial outputs: "
-            "use --moe-comm allreduce or auto, not {} (the all-to-all strategies under attention TP are not built "
-            "yet)",
-            o.par.attn_tp, o.moe_comm);
-  MOE_CHECK(o.par.attn_tp == 1 || o.par.dp == 1,
-            "--attn-tp {} with --dp {}: attention TP inside DP replicas is not built yet (use --dp 1)", o.par.attn_tp,
-            o.par.dp);
   MOE_CHECK(!(o.moe_comm == "allreduce" && o.par.dp > 1),
             "--moe-comm allreduce needs every rank to hold the same tokens: use --dp 1, or allgather/alltoall with "
             "--dp {}",

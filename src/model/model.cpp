@@ -127,16 +127,16 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
       attn_rank = tp_rank;
     }
     if (opt.par.attn_tp > 1) {
-      MOE_CHECK(opt.par.dp == 1, "--attn-tp {} with --dp {}: attention TP inside DP replicas is not built yet",
-                opt.par.attn_tp, opt.par.dp);
-      MOE_CHECK(opt.ep.comm == MoeComm::AllReduce || opt.ep.comm == MoeComm::Auto,
-                "--attn-tp {} runs every MoE layer as one all-reduce of routed + shared partial outputs: --moe-comm "
-                "must be allreduce or auto, got {}",
-                opt.par.attn_tp, moe_comm_name(opt.ep.comm));
+      MOE_CHECK(!(opt.ep.comm == MoeComm::AllReduce && opt.par.dp > 1),
+                "--moe-comm allreduce needs every rank to hold the same tokens, but --dp {} replicas hold their own",
+                opt.par.dp);
       m->tp_ = m->attn_tp_ = &m->groups_->dp_attn();
       attn = opt.par.attn_tp;
       attn_rank = m->groups_->attn_tp_rank();
-      ep_opt.comm = MoeComm::AllReduce;
+      // One all-reduce of routed + shared partials per MoE layer when every rank holds
+      // the same tokens: fewer bytes than dispatch + combine at 2-8 ranks, and one
+      // collective (EpMoeLayer::forward_attn_tp).
+      if (opt.par.dp == 1 && ep_opt.comm == MoeComm::Auto) ep_opt.comm = MoeComm::AllReduce;
       ep_opt.shared_partial = true;
     }
   } else {
@@ -333,7 +333,8 @@ void Model::mlp(DecoderLayer& L, int64_t l, const Tensor& x, float* y) {
   // allreduce or the slot gather (every rank routes all of x). forward_replicated's
   // sequence-parallel path routes only this rank's share of the rows, so there x is
   // routed once more to count its tokens.
-  const bool routes_all_x = L.moe || opt_.par.dp > 1 || L.ep_moe->replicated_routes_all(T);
+  const bool routes_all_x = L.moe || (attn_tp_ ? L.ep_moe->attn_tp_routes_all(*attn_tp_)
+                                               : opt_.par.dp > 1 || L.ep_moe->replicated_routes_all(T));
   const bool count = opt_.count_experts && T > 0;
   if (count && !routes_all_x) {
     Routing r;
@@ -352,8 +353,9 @@ void Model::mlp(DecoderLayer& L, int64_t l, const Tensor& x, float* y) {
       L.moe->forward(x, y);
     }
   } else {
-    const Tensor out = opt_.par.dp > 1 ? L.ep_moe->forward(x)               // own tokens (DP attention)
-                                       : L.ep_moe->forward_replicated(x);  // same tokens on every rank
+    const Tensor out = attn_tp_          ? L.ep_moe->forward_attn_tp(x, *attn_tp_)  // same tokens in the group
+                       : opt_.par.dp > 1 ? L.ep_moe->forward(x)                     // own tokens (DP attention)
+                                         : L.ep_moe->forward_replicated(x);         // same tokens on every rank
     if (T > 0) std::memcpy(y, out.data<float>(), T * H * sizeof(float));
   }
   local.count_routed(nullptr);

@@ -14,8 +14,10 @@
 //                           EP rank; shared experts and dense MLPs split like a
 //                           column/row-parallel pair; every MoE layer ends in one
 //                           all-reduce of routed + shared partials (allreduce strategy,
-//                           EpOptions::shared_partial); lm_head vocabulary-parallel, its
-//                           logits all-gathered. (The vLLM layout of the seed 003.)
+//                           EpOptions::shared_partial; the all-to-all strategies and
+//                           --dp: EpMoeLayer::forward_attn_tp); lm_head vocabulary-
+//                           parallel, its logits all-gathered. (The vLLM layout of the
+//                           seed 003.) With --dp D the group is each replica.
 //   --dp D                  D replicas (blocks of world/D ranks) each run their own
 //                           requests; MoE through EpMoeLayer::forward (own tokens).
 //                           Every rank must call forward() the same number of times,

@@ -134,6 +134,38 @@ bool EpMoeLayer::slot_gather_applies(int64_t T) const {
          (opt_.chunk_tokens == 0 || T <= opt_.chunk_tokens);
 }
 
+Tensor EpMoeLayer::forward_attn_tp(const Tensor& x, Communicator& group) {
+  if (attn_tp_routes_all(group)) return forward_replicated(x);
+  const int G = group.size(), g = group.rank();
+  const int64_t T = x.dim(0), H = layer_.config().hidden_size;
+  auto share = [&](int i) { return std::pair<int64_t, int64_t>{T * i / G, T * (i + 1) / G}; };
+  const auto [b, e] = share(g);
+  Tensor y_own = forward(x.slice_rows(b, e));  // the strategies skip the shared slices
+  if (layer_.weights().shared.has_value()) {
+    // This rank's slice of the shared experts on every row, summed over the group onto
+    // each rank's share of the rows.
+    shared_all_ = MoeScratch::ensure(shared_all_, std::max<int64_t>(T, 1), H, DType::F32);
+    {
+      dispatch::ScopedTimer timer(stats_.shared_s);
+      if (T > 0) layer_.shared_experts(x, shared_all_.data<float>(), /*accumulate=*/false);
+    }
+    dispatch::ScopedTimer timer(stats_.comm_wait_s);
+    std::vector<size_t> counts(G);
+    for (int i = 0; i < G; ++i) counts[i] = static_cast<size_t>((share(i).second - share(i).first) * H);
+    shared_own_ = MoeScratch::ensure(shared_own_, std::max<int64_t>(e - b, 1), H, DType::F32);
+    group.reduce_scatter_v_sum(shared_all_.data<float>(), shared_own_.data<float>(), counts);
+    float* yo = y_own.data<float>();
+    const float* so = shared_own_.data<float>();
+    for (int64_t i = 0; i < (e - b) * H; ++i) yo[i] += so[i];
+  }
+  Tensor y = Tensor::empty({T, H}, DType::F32);
+  std::vector<size_t> bytes(G);
+  for (int i = 0; i < G; ++i) bytes[i] = static_cast<size_t>((share(i).second - share(i).first) * H) * sizeof(float);
+  dispatch::ScopedTimer timer(stats_.comm_wait_s);
+  group.all_gather_v(y_own.raw(), y_own.nbytes(), y.raw(), bytes);
+  return y;
+}
+
 Tensor EpMoeLayer::forward_replicated(const Tensor& x) {
   const int R = world_.size(), r = world_.rank();
   const int64_t T = x.dim(0), H = layer_.config().hidden_size;

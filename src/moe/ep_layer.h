@@ -114,6 +114,18 @@ class EpMoeLayer {
   // otherwise each rank takes an even share of the rows (sequence parallel), runs the
   // strategy, and the outputs are all-gathered.
   Tensor forward_replicated(const Tensor& x);
+  // Attention TP over the EP group (--attn-tp; EpOptions::shared_partial): every rank of
+  // `group` (the attention-TP group: the world, or a DP replica) holds the same x
+  // [T, H]; each holds a slice of the shared experts. allreduce over the whole world:
+  // forward_replicated (routed + shared partials in one all-reduce). Otherwise each rank
+  // of the group takes an even share of the rows and runs forward() on it (own tokens,
+  // every rank of the world at once: the DP replicas too), the shared slices of all T
+  // rows are reduce-scattered onto the same shares, and the group all-gathers y.
+  Tensor forward_attn_tp(const Tensor& x, Communicator& group);
+  // Whether forward_attn_tp routes all T rows on this rank (for count_routed).
+  bool attn_tp_routes_all(const Communicator& group) const {
+    return opt_.comm == MoeComm::AllReduce && group.size() == world_.size();
+  }
   // Whether forward_replicated of T tokens routes all T on this rank (allreduce and the
   // slot gather do; the sequence-parallel path routes this rank's share only), so that
   // the layer's count_routed sees every token.
@@ -147,6 +159,7 @@ class EpMoeLayer {
   std::unique_ptr<Pending> pending_;
   std::vector<int64_t> replicated_counts_;  // forward_replicated's shares, [R]
   std::vector<int64_t> gathered_counts_;    // forward's all-gathered counts, [R]
+  Tensor shared_all_, shared_own_;          // forward_attn_tp: f32 [T, H] slices, [share, H] summed
 };
 
 // Factories (moe/dispatch/*.cpp).

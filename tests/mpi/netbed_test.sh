@@ -7,7 +7,7 @@
 #                         within 1e-5 (they sum partial outputs in another order); hosts3
 #                         also compares `forward` logits bit for bit
 #   per-host2             2 hosts x 2 ranks (shared memory inside a host, TCP between)
-#   generate              `generate` tokens equal to one rank's, 3 hosts
+#   generate              `generate` tokens equal to one rank's, 3 hosts (and --attn-tp on 2)
 #   dp                    --dp with uneven and empty replicas (layer and generate)
 #   netem                 200 us delay + 0.1 % loss on every link (or tbf + nft drop without
 #                         sch_netem): outputs unchanged
@@ -217,7 +217,10 @@ case "$case_" in
   generate)
     up 3
     check_generate 3 1 --ep 3 --moe-comm alltoall
-    check_generate 3 1 --ep 3 --dp 3 --moe-comm auto ;;
+    check_generate 3 1 --ep 3 --dp 3 --moe-comm auto
+    # Attention TP over the EP group across hosts, and inside each of 2 hosts' replicas.
+    check_generate 2 1 --ep 2 --attn-tp 2
+    check_generate 2 2 --ep 4 --dp 2 --attn-tp 2 --moe-comm alltoall ;;
   dp)
     up 4
     check_layer 3 1 alltoall --dp 3 --dp-tokens 0,30,3

@@ -128,38 +128,52 @@ bool attn_tp_fits(const std::string& dir, int R) {
 
 // The seed's vLLM layout: attention TP = EP = the world. Heads (and GQA's KV cache) split
 // R ways (2 KV heads over 4 ranks: each held by 2), routed experts whole and EP, shared
-// experts and dense MLPs split and summed in the MoE layer's one all-reduce, lm_head split
-// by vocabulary. Against transformers' logits (f32 within 1e-4) and greedy tokens, and the
-// same bits on a second run. Where R does not fit (3 ranks, 4 heads): an error naming it.
+// experts and dense MLPs split, lm_head split by vocabulary. With allreduce (auto) the
+// routed and shared partials meet in one all-reduce; with the all-to-all strategies each
+// rank dispatches its share of the rows. With --dp 2 (4 ranks) attention is split over
+// each replica's 2 ranks. Against transformers' logits (f32 within 1e-4) and greedy
+// tokens, and the same bits on a second run. Where R does not fit (3 ranks, 4 heads): an
+// error naming it.
 TEST(ModelAttnTp, EveryFamilyWithAttentionTpOverTheEpGroup) {
   const int R = world().size();
   if (R == 1) GTEST_SKIP() << "--attn-tp needs 2 or more ranks";
+  std::vector<Layout> layouts = {{R, 1, 1, MoeComm::Auto, R}, {R, 1, 1, MoeComm::AllToAll, R},
+                                 {R, 1, 1, MoeComm::AllToAllLL, R}, {R, 1, 1, MoeComm::AllGather, R}};
+  if (R == 4) {
+    layouts.push_back({R, 1, 2, MoeComm::AllToAll, 2});
+    layouts.push_back({R, 1, 2, MoeComm::Auto, 2});
+  }
   int ran = 0;
   for (const auto& f : test::model_fixtures()) {
     if (f.name.find("_fused") != std::string::npos) continue;
-    const Layout l{R, 1, 1, MoeComm::Auto, R};
-    SCOPED_TRACE(f.name + " " + describe(l));
-    if (!attn_tp_fits(f.dir, R)) {
-      try {
-        load(f.dir, l, 3);
-        ADD_FAILURE() << "expected an error";
-      } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(fmt::format("--attn-tp {} does not", R)), std::string::npos) << e.what();
+    Tensor allreduce;  // layouts[0]'s logits: the all-to-all strategies equal them within f32 rounding
+    for (const Layout& l : layouts) {
+      SCOPED_TRACE(f.name + " " + describe(l));
+      if (!attn_tp_fits(f.dir, l.attn_tp)) {
+        try {
+          load(f.dir, l, 3);
+          ADD_FAILURE() << "expected an error";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find(fmt::format("--attn-tp {} does not", l.attn_tp)), std::string::npos)
+              << e.what();
+        }
+        continue;
       }
-      continue;
+      ++ran;
+      auto m = load(f.dir, l, 3);
+      const Tensor got = prefill_logits(*m, f.prompts);
+      EXPECT_LE(test::max_logit_diff(got, f.logits, f.prompts), 1e-4);
+      if (!allreduce.defined()) allreduce = got;
+      else if (l.dp == 1) EXPECT_LE(test::max_logit_diff(got, allreduce, f.prompts), 1e-5) << "vs allreduce";
+      auto again = load(f.dir, l, 3);
+      EXPECT_EQ(test::max_logit_diff(prefill_logits(*again, f.prompts), got, f.prompts), 0.0) << "run to run";
+      auto m2 = load(f.dir, l, 3);
+      const GenerateResult r = greedy(*m2, f.prompts);
+      for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
     }
-    ++ran;
-    auto m = load(f.dir, l, 3);
-    const Tensor got = prefill_logits(*m, f.prompts);
-    EXPECT_LE(test::max_logit_diff(got, f.logits, f.prompts), 1e-4);
-    auto again = load(f.dir, l, 3);
-    EXPECT_EQ(test::max_logit_diff(prefill_logits(*again, f.prompts), got, f.prompts), 0.0) << "run to run";
-    auto m2 = load(f.dir, l, 3);
-    const GenerateResult r = greedy(*m2, f.prompts);
-    for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(r.tokens[i], f.greedy[i]) << "prompt " << i;
   }
   if (R == 2 || R == 4) {
-    EXPECT_GE(ran, 6) << "every fixture family fits 2 and 4 ranks";
+    EXPECT_GE(ran, 6 * static_cast<int>(layouts.size())) << "every fixture family fits 2 and 4 ranks";
   }
 }
 

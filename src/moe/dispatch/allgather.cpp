@@ -60,7 +60,7 @@ class AllGather final : public MoeStrategy {
     }
     auto req = comm.iall_to_all_v(send_.data(), sb, so, recv_.data(), rb, ro);
     st.bytes_sent += static_cast<double>(T * rec) * (R - 1);
-    shared_.start_then_wait(layer, x, ep_.options().overlap, st, req.get());
+    shared_.start_then_wait(layer, x, ep_.options(), st, req.get());
 
     {
       ScopedTimer timer(st.compute_s);

@@ -41,7 +41,7 @@ class AllReduce final : public MoeStrategy {
     std::unique_ptr<CommRequest> req;
     if (T > 0) req = ep_.comm().iall_reduce_sum(y, static_cast<size_t>(T * H));
     st.bytes_sent += static_cast<double>(T * H * sizeof(float)) * (ep_.comm().size() > 1);
-    shared_.start_then_wait(layer, x, ep_.options().overlap, st, req.get());
+    shared_.start_then_wait(layer, x, ep_.options(), st, req.get());
     shared_.add_to(y);
   }
 

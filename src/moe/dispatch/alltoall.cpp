@@ -118,7 +118,7 @@ class AllToAll final : public MoeStrategy {
         st.bytes_sent += static_cast<double>(sb[r]);
         st.dispatch_bytes += static_cast<double>(sb[r]);
       }
-    shared_.start_then_wait(layer, x, ep_.options().overlap, st, req.get());
+    shared_.start_then_wait(layer, x, ep_.options(), st, req.get());
 
     // ---- experts: every (record, slot) of this rank's experts, in arrival order.
     std::vector<size_t> items_from(R, 0);

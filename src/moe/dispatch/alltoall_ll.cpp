@@ -101,7 +101,7 @@ class AllToAllLL final : public MoeStrategy {
       }
     }
     auto req = comm.isend_recv(sends_, recvs_, kDispatchTag);
-    shared_.start_then_wait(layer, x, ep_.options().overlap, st, req.get());
+    shared_.start_then_wait(layer, x, ep_.options(), st, req.get());
 
     {
       ScopedTimer timer(st.compute_s);

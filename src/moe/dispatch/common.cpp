@@ -164,14 +164,16 @@ SideThread& side_thread() {
   return side;
 }
 
-void SharedRun::start_then_wait(MoeLayer& layer, const Tensor& x, bool overlap, EpStats& stats, CommRequest* req) {
+void SharedRun::start_then_wait(MoeLayer& layer, const Tensor& x, const EpOptions& opt, EpStats& stats,
+                                CommRequest* req) {
   layer_ = &layer;
   x_ = x;
   stats_ = &stats;
   const int64_t T = x.dim(0), H = layer.config().hidden_size;
-  const bool has = layer.weights().shared.has_value() && T > 0;
+  const bool has = layer.weights().shared.has_value() && T > 0 && !opt.shared_partial;
+  run_ = has;
   if (has) out_ = MoeScratch::ensure(out_, T, H, DType::F32);
-  async_ = overlap && has;
+  async_ = opt.overlap && has;
   if (async_) {
     const int nt = num_threads();
     side_thread().start([this, nt] {
@@ -190,7 +192,7 @@ void SharedRun::start_then_wait(MoeLayer& layer, const Tensor& x, bool overlap, 
 
 void SharedRun::add_to(float* y) {
   const int64_t T = x_.dim(0), H = layer_->config().hidden_size;
-  if (!layer_->weights().shared.has_value() || T == 0) return;
+  if (!run_) return;
   if (async_) {
     ScopedTimer t(stats_->comm_wait_s);  // not communication, but time this thread is blocked
     side_thread().join();

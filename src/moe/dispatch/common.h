@@ -66,9 +66,10 @@ class SideThread;
 // persistent, so its OpenMP team stays warm; one call at a time.
 class SharedRun {
  public:
-  // Starts shared(x) (on the side thread when overlapping), then waits for `req`
-  // (may be null), counting that wait as communication.
-  void start_then_wait(MoeLayer& layer, const Tensor& x, bool overlap, EpStats& stats, CommRequest* req);
+  // Starts shared(x) (on the side thread when opt.overlap), then waits for `req` (may
+  // be null), counting that wait as communication. Under opt.shared_partial the shared
+  // experts are not run here: the caller sums their slices over the attention-TP group.
+  void start_then_wait(MoeLayer& layer, const Tensor& x, const EpOptions& opt, EpStats& stats, CommRequest* req);
   // Finishes the shared experts and adds their output to y [T, H] f32.
   void add_to(float* y);
 
@@ -78,6 +79,7 @@ class SharedRun {
   Tensor out_;  // [T, H] f32
   EpStats* stats_ = nullptr;
   bool async_ = false;
+  bool run_ = false;  // the layer has shared experts and they run here
 };
 
 }  // namespace moe::dispatch

@@ -54,7 +54,7 @@ class SlotGather final : public MoeStrategy {
       dispatch::run_local_items(layer, items_, out_.data<float>());
     }
     // The shared experts of all T tokens run on the side thread during the gather.
-    shared_.start_then_wait(layer, x, ep_.options().overlap, st, nullptr);
+    shared_.start_then_wait(layer, x, ep_.options(), st, nullptr);
     bytes_.resize(R);
     for (int d = 0; d < R; ++d) bytes_[d] = static_cast<size_t>(from_[d]) * H * sizeof(float);
     all_ = MoeScratch::ensure(all_, T * k, H, DType::F32);
