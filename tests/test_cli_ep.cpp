@@ -192,5 +192,34 @@ TEST(CliEp, OneRankAppliesChunkingAndNamesTheIdleFlags) {
   EXPECT_EQ(read_file(tmp / "l1.safetensors"), read_file(tmp / "l2.safetensors"));
 }
 
+// The layout of the seed as a user types it: `--attn-tp N` alone under mpirun -np N (the
+// experts EP over the same ranks); vLLM's spelling and layouts that do not fit are errors
+// that say what to type or which numbers clash.
+TEST(CliEp, AttentionTpAsAUserTypesIt) {
+  const std::string model = fixture("deepseek_v3");  // 4 heads
+  const std::string gen = std::string(MOE_EP_BINARY) + " generate --model " + model +
+                          " --prompt-ids '1,2,3,4;5,6' --max-new-tokens 6 --ignore-eos ";
+  std::string one, log;
+  ASSERT_EQ(test::run_command(gen, &one), 0) << one;
+  const std::string tokens = one.substr(0, one.find("moe-ep generate:"));
+  ASSERT_NE(tokens.find("prompt 1: "), std::string::npos) << one;
+  ASSERT_EQ(test::run_command(kMpirun + "-np 4 " + gen + "--attn-tp 4", &log), 0) << log;
+  EXPECT_EQ(log.substr(0, log.find("moe-ep generate:")), tokens) << log;
+  EXPECT_NE(log.find("(--ep 4 --tp 1 --dp 1 --attn-tp 4)"), std::string::npos) << log;
+  ASSERT_EQ(test::run_command(kMpirun + "-np 4 " + gen + "--attn-tp 2 --dp 2 --moe-comm alltoall", &log), 0) << log;
+  EXPECT_EQ(log.substr(0, log.find("moe-ep generate:")), tokens) << log;
+
+  EXPECT_NE(test::run_command(kMpirun + "-np 2 " + gen + "--tp 2 --enable-expert-parallel", &log), 0);
+  EXPECT_NE(log.find("--ep N --attn-tp N"), std::string::npos) << log;
+  EXPECT_NE(test::run_command(kMpirun + "-np 3 " + gen + "--attn-tp 3", &log), 0);
+  EXPECT_NE(log.find("--attn-tp 3 does not divide the model's 4 attention heads"), std::string::npos) << log;
+  EXPECT_NE(test::run_command(kMpirun + "-np 4 " + gen + "--attn-tp 2 --tp 2 --ep 2", &log), 0);
+  EXPECT_NE(log.find("--attn-tp 2 with --tp 2"), std::string::npos) << log;
+  EXPECT_NE(test::run_command(kMpirun + "-np 4 " + gen + "--attn-tp 2 --ep 4", &log), 0);
+  EXPECT_NE(log.find("--attn-tp 2 must equal the ranks of one DP replica, 4"), std::string::npos) << log;
+  EXPECT_NE(test::run_command(gen + "--attn-tp 2", &log), 0);
+  EXPECT_NE(log.find("needs 2 ranks: start it as mpirun -np 2"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace moe

@@ -80,9 +80,15 @@ void add_model_parallel_options(CLI::App* cmd, ParallelOptions& o) {
                   "--moe-comm auto or allreduce every MoE layer ends in one all-reduce of routed + shared partial "
                   "outputs; with the all-to-all strategies or --dp > 1 each rank of a replica dispatches its share of "
                   "the rows and the replica gathers them back. Every rank reads 1/N of the attention, shared-expert "
-                  "and lm_head bytes per token instead of all of them. 1: attention replicated over the EP ranks")
+                  "and lm_head bytes per token instead of all of them; --ep defaults to world. 1: attention "
+                  "replicated over the EP ranks")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  // --attn-tp N alone: the experts are EP over the same ranks (world = N x --dp), as
+  // in vLLM's layout, so --ep defaults to them.
+  cmd->parse_complete_callback([cmd, &o] {
+    if (o.par.attn_tp > 1 && cmd->count("--ep") == 0 && o.par.tp == 1) o.par.ep = o.par.attn_tp * o.par.dp;
+  });
   cmd->add_flag("--enable-expert-parallel", o.vllm_enable_ep,
                 "vLLM's spelling, not moe-ep's: an error that names the moe-ep flags for the same layout");
 }
