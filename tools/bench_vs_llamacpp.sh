@@ -57,7 +57,7 @@
 # binary, default build/moe-ep of this checkout), INT4_GROUP (--int4-group for w4a8;
 # unset: moe-ep's default), LINEARS (--quantize-linears of the w8a8 and w4a8 modes: w8a8,
 # the default, quantises attention and lm_head too, as llama.cpp's Q8_0/Q4 files do;
-# none keeps them bf16), KV (moe-ep's --kv-cache-dtype: bf16, the default, holds what the
+# w4a8 makes them int4 with --int4-group groups; none keeps them bf16), KV (moe-ep's --kv-cache-dtype: bf16, the default, holds what the
 # peers' f16 cache holds per value; f32), FLOOR (1), OUT (raw logs; default a new /tmp dir).
 set -euo pipefail
 
@@ -234,6 +234,7 @@ res, ckpt, gguf_dir, floor = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] 
 bw = max(float(sys.argv[5] or 0), float(sys.argv[6] or 0))
 prefill, decode, w4_group = int(sys.argv[7]), int(sys.argv[8]), int(sys.argv[9])
 linears_q8 = sys.argv[10] == "w8a8"  # attention projections and lm_head int8 in the quantised modes
+linears_q4 = sys.argv[10] == "w4a8"  # ... or int4 + an f32 scale and a u8 zero point per group
 vals = {}
 for line in open(res):
     r, eng, case, kind, tps = line.split("\t")
@@ -271,6 +272,8 @@ def moe_bytes(mode):
                 total += 4.0 * n  # router f32
             elif linears_q8 and mode != "bf16" and len(shape) == 2:  # int8 + f32 scale per row
                 total += n + 4.0 * shape[0]
+            elif linears_q4 and mode != "bf16" and len(shape) == 2:
+                total += 0.5 * n + 5.0 * shape[0] * -(-shape[1] // w4_group)
             else:
                 total += 2.0 * n
     return total + (4.0 if os.environ.get("KV", "bf16") == "f32" else 2.0) * kv_elems  # moe-ep's KV dtype
@@ -322,8 +325,9 @@ def moe_gguf_bytes(path):
     """Bytes per decode token of moe-ep running a GGUF: Q4_0 experts and linears as int4
     (0.5 byte + an f32 scale and a u8 zero per 32), other experts and tensors dequantised
     to bf16, or with LINEARS w8a8 the other 2-D non-expert tensors int8 + an f32 scale per
-    row; router f32."""
+    row (w4a8: int4 + an f32 scale and a u8 zero point per group); router f32."""
     q8 = linears_q8 and not path.endswith("-BF16.gguf")
+    q4 = linears_q4 and not path.endswith("-BF16.gguf")
     total = 0.0
     for name, dims, nb, ty in gguf_infos(path):
         n = 1
@@ -334,6 +338,7 @@ def moe_gguf_bytes(path):
         elif "ffn_gate_inp" in name: total += 4.0 * n
         elif ty == 2 and len(dims) == 2: total += 0.5 * n + 5.0 * n / 32  # Q4_0 linears stay int4
         elif q8 and len(dims) == 2: total += n + 4.0 * dims[1]
+        elif q4 and len(dims) == 2: total += 0.5 * n + 5.0 * dims[1] * -(-dims[0] // w4_group)
         else: total += 2.0 * n
     return total + (4.0 if os.environ.get("KV", "bf16") == "f32" else 2.0) * kv_elems
 

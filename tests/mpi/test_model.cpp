@@ -177,6 +177,37 @@ TEST(ModelAttnTp, EveryFamilyWithAttentionTpOverTheEpGroup) {
   }
 }
 
+// The collectives one decode step of `dir` runs under `par`, counted on this rank: a
+// prefill of 3 tokens first (not counted), then one token.
+struct CountedStep {
+  test::CountingComm::Tally tally;
+  ModelConfig config;
+  int64_t vocab_out = 0;  // columns of the step's logits
+};
+CountedStep count_decode_step(const std::string& dir, const ParallelConfig& par) {
+  auto tally = std::make_shared<test::CountingComm::Tally>();
+  test::CountingComm counting(world(), tally);
+  ModelOptions o;
+  o.n_slots = 1;
+  o.max_seq = 32;
+  o.world = &counting;
+  o.par = par;
+  auto m = Model::load(dir, o);
+  StepBatch b;
+  b.tokens = {5, 9, 11};
+  b.positions = {0, 1, 2};
+  b.seqs = {{/*slot=*/0, /*first=*/0, /*n=*/3, /*start_pos=*/0}};
+  b.logit_rows = {2};
+  m->forward(b);
+  tally->clear();
+  b.tokens = {7};
+  b.positions = {3};
+  b.seqs = {{/*slot=*/0, /*first=*/0, /*n=*/1, /*start_pos=*/3}};
+  b.logit_rows = {0};
+  const Tensor logits = m->forward(b);
+  return {*tally, m->config(), logits.dim(1)};
+}
+
 // The collectives of the seed's layout, counted on every rank: a decode step runs, per
 // layer, one all-reduce after attention (row-parallel o_proj) and one for the MLP block
 // (MoE: routed + shared partials together; dense: the row-parallel down_proj), and one
@@ -186,31 +217,10 @@ TEST(ModelAttnTp, OneAllReducePerAttentionAndPerMlpBlock) {
   if (R != 2 && R != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
   for (const char* name : {"deepseek_v3", "qwen2_moe"}) {  // MLA + dense layer + shared; GQA + gated shared
     SCOPED_TRACE(name);
-    const std::string dir = test::fixtures_dir() + "/" + name;
-    auto tally = std::make_shared<test::CountingComm::Tally>();
-    test::CountingComm counting(world(), tally);
-    ModelOptions o;
-    o.n_slots = 1;
-    o.max_seq = 32;
-    o.world = &counting;
-    o.par = {R, 1, 1, R};
-    auto m = Model::load(dir, o);
-    const int64_t L = m->config().n_layers;
-    StepBatch b;
-    b.tokens = {5, 9, 11};
-    b.positions = {0, 1, 2};
-    b.seqs = {{/*slot=*/0, /*first=*/0, /*n=*/3, /*start_pos=*/0}};
-    b.logit_rows = {2};
-    m->forward(b);  // prefill: the same collectives as a decode step, for 3 rows
-    tally->clear();
-    b.tokens = {7};
-    b.positions = {3};
-    b.seqs = {{/*slot=*/0, /*first=*/0, /*n=*/1, /*start_pos=*/3}};
-    b.logit_rows = {0};
-    const Tensor logits = m->forward(b);
-    EXPECT_EQ(logits.dim(1), m->config().vocab_size);
-    const test::CountingComm::Tally want = {{"all_reduce", 2 * L}, {"all_gather_v", 1}};
-    EXPECT_EQ(*tally, want);
+    const CountedStep c = count_decode_step(test::fixtures_dir() + "/" + name, {R, 1, 1, R});
+    EXPECT_EQ(c.vocab_out, c.config.vocab_size);
+    const test::CountingComm::Tally want = {{"all_reduce", 2 * c.config.n_layers}, {"all_gather_v", 1}};
+    EXPECT_EQ(c.tally, want);
   }
 }
 
@@ -219,27 +229,12 @@ TEST(ModelAttnTp, OneAllReducePerAttentionAndPerMlpBlock) {
 TEST(ModelAttnTp, ReplicatedAttentionRunsOneAllGatherPerMoeLayer) {
   const int R = world().size();
   if (R == 1) GTEST_SKIP() << "needs 2 or more ranks";
-  const std::string dir = test::fixtures_dir() + "/deepseek_v3";  // layer 0 dense, then MoE
-  auto tally = std::make_shared<test::CountingComm::Tally>();
-  test::CountingComm counting(world(), tally);
-  ModelOptions o;
-  o.n_slots = 1;
-  o.max_seq = 32;
-  o.world = &counting;
-  o.par = {R, 1, 1};
-  auto m = Model::load(dir, o);
+  const CountedStep c = count_decode_step(test::fixtures_dir() + "/deepseek_v3", {R, 1, 1});  // layer 0 dense
   int64_t moe_layers = 0;
-  for (int64_t l = 0; l < m->config().n_layers; ++l) moe_layers += m->config().moe.is_moe_layer(l);
-  ASSERT_LT(moe_layers, m->config().n_layers);
-  StepBatch b;
-  b.tokens = {7};
-  b.positions = {0};
-  b.seqs = {{/*slot=*/0, /*first=*/0, /*n=*/1, /*start_pos=*/0}};
-  b.logit_rows = {0};
-  tally->clear();
-  m->forward(b);
+  for (int64_t l = 0; l < c.config.n_layers; ++l) moe_layers += c.config.moe.is_moe_layer(l);
+  ASSERT_LT(moe_layers, c.config.n_layers);
   const test::CountingComm::Tally want = {{"all_gather_v", moe_layers}};
-  EXPECT_EQ(*tally, want);
+  EXPECT_EQ(c.tally, want);
 }
 
 TEST(ModelDp, ReplicasWithAndWithoutRequestsStayInLockStep) {

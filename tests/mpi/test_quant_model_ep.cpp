@@ -22,11 +22,12 @@ namespace {
 
 Communicator& world() { return world_comm(true); }
 
-// One rank (world nullptr) when par is empty.
+// One rank (world nullptr) when par is empty. w4a8: int4 routed experts instead of int8.
 std::unique_ptr<Model> load(const std::string& dir, bool w8a8, const ParallelConfig* par = nullptr,
-                            MoeComm comm = MoeComm::Auto) {
+                            MoeComm comm = MoeComm::Auto, bool w4a8 = false) {
   ModelOptions o;
-  o.quantize_w8a8 = w8a8;
+  o.quantize_w8a8 = w8a8 && !w4a8;
+  o.quantize_w4a8 = w4a8;
   o.n_slots = 3;
   o.max_seq = 32;
   if (par) {
@@ -108,18 +109,7 @@ TEST(QuantModelAttnTp, RoutedExpertsWholeUnderAttentionTp) {
     for (const bool w4 : {false, true}) {
       SCOPED_TRACE(f.name + (w4 ? " w4a8" : " w8a8") + " --ep " + std::to_string(R) + " --attn-tp " +
                    std::to_string(R));
-      auto quant = [&](const ParallelConfig* p) {
-        ModelOptions o;
-        o.quantize_w8a8 = !w4;
-        o.quantize_w4a8 = w4;
-        o.n_slots = 3;
-        o.max_seq = 32;
-        if (p) {
-          o.world = &world();
-          o.par = *p;
-        }
-        return Model::load(f.dir, o);
-      };
+      auto quant = [&](const ParallelConfig* p) { return load(f.dir, true, p, MoeComm::Auto, w4); };
       auto fp = load(f.dir, false);
       Tensor ref = prefill_logits(*fp, f.prompts);
       auto m = quant(&par);

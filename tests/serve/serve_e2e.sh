@@ -168,6 +168,24 @@ rank_pid() {  # the pid of MPI rank $1 of the server
 metric() { curl -sS -m 10 "$URL/metrics" | grep "^$1 " | awk '{print $2}'; }
 rss_kb() { awk '/VmRSS/ {print $2}' /proc/"$1"/status; }
 
+# Two ranks with the layout flags given: the answers equal one rank's (cold, from the
+# prefix cache, n=3 choices), and SIGTERM on rank 0 ends every rank with 0.
+two_ranks() {
+  reference
+  start_server mpirun -np 2 --oversubscribe "$BIN" "${SERVE_FLAGS[@]}" "$@" --comm-timeout 20
+  check_answers
+  check_prefix_cache
+  check_choices
+  local rank0 rc=0
+  rank0=$(rank_pid 0)
+  [ -n "$rank0" ] || fail "cannot find rank 0"
+  kill -TERM "$rank0"
+  wait "$SERVER_PID" || rc=$?
+  SERVER_PID=""
+  [ "$rc" = 0 ] || fail "SIGTERM on rank 0: mpirun exit code $rc"
+  echo "ok: $* answers equal one rank's; SIGTERM on rank 0 -> every rank exits 0"
+}
+
 case "$MODE" in
 basic)
   reference
@@ -223,36 +241,11 @@ basic)
   [ "$rc" = 0 ] || fail "SIGTERM: exit code $rc"
   echo "ok: SIGTERM -> exit 0"
   ;;
-ep2)
-  reference
-  start_server mpirun -np 2 --oversubscribe "$BIN" "${SERVE_FLAGS[@]}" --ep 2 --moe-comm alltoall --comm-timeout 20
-  check_answers
-  check_prefix_cache
-  check_choices
-  rank0=$(rank_pid 0)
-  [ -n "$rank0" ] || fail "cannot find rank 0"
-  kill -TERM "$rank0"
-  rc=0; wait "$SERVER_PID" || rc=$?
-  SERVER_PID=""
-  [ "$rc" = 0 ] || fail "SIGTERM on rank 0: mpirun exit code $rc"
-  echo "ok: --ep 2 answers equal one rank's; SIGTERM on rank 0 -> every rank exits 0"
-  ;;
+ep2) two_ranks --ep 2 --moe-comm alltoall ;;
 attn2)
   # The seed's vLLM layout: attention, KV cache, shared experts and lm_head split over the
   # 2 ranks, experts whole and EP over the same 2 (the answers as one rank's: greedy).
-  reference
-  start_server mpirun -np 2 --oversubscribe "$BIN" "${SERVE_FLAGS[@]}" --ep 2 --attn-tp 2 --comm-timeout 20
-  check_answers
-  check_prefix_cache
-  check_choices
-  rank0=$(rank_pid 0)
-  [ -n "$rank0" ] || fail "cannot find rank 0"
-  kill -TERM "$rank0"
-  rc=0; wait "$SERVER_PID" || rc=$?
-  SERVER_PID=""
-  [ "$rc" = 0 ] || fail "SIGTERM on rank 0: mpirun exit code $rc"
-  echo "ok: --ep 2 --attn-tp 2 answers equal one rank's; SIGTERM on rank 0 -> every rank exits 0"
-  ;;
+  two_ranks --ep 2 --attn-tp 2 ;;
 kill)
   start_server mpirun -np 2 --oversubscribe "$BIN" "${SERVE_FLAGS[@]}" --ep 2 --comm-timeout 5
   ( for round in $(seq 40); do
