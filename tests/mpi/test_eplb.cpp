@@ -131,22 +131,27 @@ TEST(EplbModel, OnlineRebalancingKeepsTheOneRankLogitsAtEveryStep) {
       int ep, tp, dp;
       MoeComm comm;
       bool bitwise;  // the all-to-all strategies without MoE-TP
+      int attn_tp = 1;
     };
     std::vector<Layout> layouts = {{R, 1, 1, MoeComm::AllToAll, true}, {R, 1, 1, MoeComm::Auto, true},
                                    {R, 1, 1, MoeComm::AllGather, false}};
     if (R == 4) {
       layouts.push_back({2, 2, 1, MoeComm::Auto, false});
       layouts.push_back({4, 1, 2, MoeComm::AllToAll, true});
+      layouts.push_back({4, 1, 2, MoeComm::AllToAll, false, 2});  // attention TP in each replica
     }
+    // Attention TP over the EP group (these fixtures' 4 heads split 2 or 4 ways): the
+    // routed experts move between slots while heads, KV and lm_head stay split.
+    if (R == 2 || R == 4) layouts.push_back({R, 1, 1, MoeComm::Auto, false, R});
     for (const Layout& lay : layouts) {
       const MoeComm c = lay.comm;
-      SCOPED_TRACE(fmt::format("{} --ep {} --tp {} --dp {} --moe-comm {}", f.name, lay.ep, lay.tp, lay.dp,
-                               moe_comm_name(c)));
+      SCOPED_TRACE(fmt::format("{} --ep {} --tp {} --dp {} --attn-tp {} --moe-comm {}", f.name, lay.ep, lay.tp,
+                               lay.dp, lay.attn_tp, moe_comm_name(c)));
       ModelOptions o;
       o.n_slots = 3;
       o.max_seq = 32;
       o.world = &world();
-      o.par = {lay.ep, lay.tp, lay.dp};
+      o.par = {lay.ep, lay.tp, lay.dp, lay.attn_tp};
       o.ep.comm = c;
       const int64_t E = ref->config().moe.n_experts;
       o.eplb.redundant = lay.ep + (lay.ep - E % lay.ep) % lay.ep;  // (E + R) divides by ep
