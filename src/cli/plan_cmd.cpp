@@ -190,6 +190,7 @@ int run_plan(const PlanOptions& o) {
     p.bytes += bytes;
   }
   Part dense{"dense MLP layers"}, shared{"router + shared experts"}, routed{"routed experts (this node's)"};
+  double router_bytes = 0;
   int64_t n_moe = 0;
   const double hd = static_cast<double>(H);
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -203,6 +204,7 @@ int run_plan(const PlanOptions& o) {
     double router = static_cast<double>(E) * hd + (m.routing.use_correction_bias ? static_cast<double>(E) : 0);
     shared.params += router;
     shared.bytes += router * 4;
+    router_bytes += router * 4;  // (attention TP splits the rest of this part, not the router)
     const double sp = 3 * hd * static_cast<double>(m.shared_intermediate_size);
     shared.params += sp;
     shared.bytes += sp * db;
@@ -276,7 +278,7 @@ int run_plan(const PlanOptions& o) {
   li.attn = attn.bytes;
   li.dense = dense.bytes;
   li.shared = shared.bytes;
-  li.router = static_cast<double>(n_moe) * (static_cast<double>(E) * hd + (m.routing.use_correction_bias ? E : 0)) * 4;
+  li.router = router_bytes;
   li.lm = lm_bytes;
   li.embed_row = hd * db;
   li.expert = expert_bytes;

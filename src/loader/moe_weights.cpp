@@ -237,7 +237,9 @@ std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cf
   // with their weight scales. `tp`: the shared experts' TP rules through the whitelist.
   auto gated = [&](const std::string& prefix, int64_t Im, LayerRead::Role role, bool tp) {
     const std::string rel = prefix.substr(fmt::format("model.layers.{}.", layer).size());
-    if (opt.mlp_tp_size > 1) {
+    // Under --attn-tp the MLP is split over the attention-TP group (MlpLoadOptions).
+    const bool split_mlp = opt.mlp_tp_size > 1;
+    if (split_mlp) {
       MOE_CHECK(opt.tp_size == 1, "internal: an MLP split over attention TP with MoE-TP {}", opt.tp_size);
       MOE_CHECK(!is_int8_gated_mlp(ck, layer, rel),
                 "layer {}: '{}' is a FastDeploy int8 MLP ([in, out] weights, one scale per output channel), which "
@@ -247,13 +249,6 @@ std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cf
                 "--attn-tp {} does not divide the intermediate size {} of '{}' (layer {}): its rows are split over "
                 "the attention-TP ranks",
                 opt.mlp_tp_size, Im, prefix, layer);
-      for (const char* p : {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"}) {
-        const std::string key = prefix + p;
-        const bool down = key.ends_with("down_proj.weight");
-        add(key, down ? Shape{H, Im} : Shape{Im, H}, down ? ShardRule::row() : ShardRule::column(), role, -1,
-            opt.mlp_tp_rank, opt.mlp_tp_size);
-      }
-      return;
     }
     if (is_int8_gated_mlp(ck, layer, rel)) {
       for (const TensorRead& t : int8_gated_mlp_reads(layer, rel, H, Im)) {
@@ -263,9 +258,10 @@ std::vector<LayerRead> mlp_layer_reads(const Checkpoint& ck, const MoeConfig& cf
       return;
     }
     auto rule = [&](const std::string& key, ShardRule split) {
+      const Shape shape = key.ends_with("down_proj.weight") ? Shape{H, Im} : Shape{Im, H};
+      if (split_mlp) return add(key, shape, split, role, -1, opt.mlp_tp_rank, opt.mlp_tp_size);
       const ShardRule ru = tp ? apply_whitelist(key, split, moe_replicated_whitelist()) : ShardRule::replicated();
-      add(key, key.ends_with("down_proj.weight") ? Shape{H, Im} : Shape{Im, H}, ru, role, -1,
-          ru.kind == ShardKind::Replicated ? 0 : tr, ru.kind == ShardKind::Replicated ? 1 : ts);
+      add(key, shape, ru, role, -1, ru.kind == ShardKind::Replicated ? 0 : tr, ru.kind == ShardKind::Replicated ? 1 : ts);
     };
     rule(prefix + ".gate_proj.weight", ShardRule::column());
     rule(prefix + ".up_proj.weight", ShardRule::column());

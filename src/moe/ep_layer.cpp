@@ -8,6 +8,26 @@
 
 namespace moe {
 
+namespace {
+
+// Rows [T*i/G, T*(i+1)/G) of T: rank i's even share in a group of G (sequence parallel).
+std::pair<int64_t, int64_t> even_share(int64_t T, int i, int G) { return {T * i / G, T * (i + 1) / G}; }
+
+// Gathers every rank's share of y [T, H] f32 (`own`: this rank's rows) into `y`, in
+// rank order; the wait counts as communication.
+void gather_shares(Communicator& comm, const Tensor& own, int64_t T, int64_t H, Tensor& y, EpStats& stats) {
+  const int G = comm.size();
+  std::vector<size_t> bytes(G);
+  for (int i = 0; i < G; ++i) {
+    const auto [b, e] = even_share(T, i, G);
+    bytes[i] = static_cast<size_t>((e - b) * H) * sizeof(float);
+  }
+  dispatch::ScopedTimer timer(stats.comm_wait_s);
+  comm.all_gather_v(own.raw(), own.nbytes(), y.raw(), bytes);
+}
+
+}  // namespace
+
 MoeComm parse_moe_comm(const std::string& s) {
   if (s == "allreduce") return MoeComm::AllReduce;
   if (s == "allgather") return MoeComm::AllGather;
@@ -136,10 +156,9 @@ bool EpMoeLayer::slot_gather_applies(int64_t T) const {
 
 Tensor EpMoeLayer::forward_attn_tp(const Tensor& x, Communicator& group) {
   if (attn_tp_routes_all(group)) return forward_replicated(x);
-  const int G = group.size(), g = group.rank();
+  const int G = group.size();
   const int64_t T = x.dim(0), H = layer_.config().hidden_size;
-  auto share = [&](int i) { return std::pair<int64_t, int64_t>{T * i / G, T * (i + 1) / G}; };
-  const auto [b, e] = share(g);
+  const auto [b, e] = even_share(T, group.rank(), G);
   Tensor y_own = forward(x.slice_rows(b, e));  // the strategies skip the shared slices
   if (layer_.weights().shared.has_value()) {
     // This rank's slice of the shared experts on every row, summed over the group onto
@@ -151,7 +170,10 @@ Tensor EpMoeLayer::forward_attn_tp(const Tensor& x, Communicator& group) {
     }
     dispatch::ScopedTimer timer(stats_.comm_wait_s);
     std::vector<size_t> counts(G);
-    for (int i = 0; i < G; ++i) counts[i] = static_cast<size_t>((share(i).second - share(i).first) * H);
+    for (int i = 0; i < G; ++i) {
+      const auto [bi, ei] = even_share(T, i, G);
+      counts[i] = static_cast<size_t>((ei - bi) * H);
+    }
     shared_own_ = MoeScratch::ensure(shared_own_, std::max<int64_t>(e - b, 1), H, DType::F32);
     group.reduce_scatter_v_sum(shared_all_.data<float>(), shared_own_.data<float>(), counts);
     float* yo = y_own.data<float>();
@@ -159,10 +181,7 @@ Tensor EpMoeLayer::forward_attn_tp(const Tensor& x, Communicator& group) {
     for (int64_t i = 0; i < (e - b) * H; ++i) yo[i] += so[i];
   }
   Tensor y = Tensor::empty({T, H}, DType::F32);
-  std::vector<size_t> bytes(G);
-  for (int i = 0; i < G; ++i) bytes[i] = static_cast<size_t>((share(i).second - share(i).first) * H) * sizeof(float);
-  dispatch::ScopedTimer timer(stats_.comm_wait_s);
-  group.all_gather_v(y_own.raw(), y_own.nbytes(), y.raw(), bytes);
+  gather_shares(group, y_own, T, H, y, stats_);
   return y;
 }
 
@@ -187,18 +206,14 @@ Tensor EpMoeLayer::forward_replicated(const Tensor& x) {
     stats_.total_s = dispatch::now_s() - t0;
     return y;
   }
-  const int64_t b = T * r / R, e = T * (r + 1) / R;
+  const auto [b, e] = even_share(T, r, R);
   // Every rank holds the same T, so every rank's share is known here: no count round.
   std::vector<int64_t>& counts = replicated_counts_;
   counts.resize(R);
-  for (int i = 0; i < R; ++i) counts[i] = T * (i + 1) / R - T * i / R;
+  for (int i = 0; i < R; ++i) counts[i] = even_share(T, i, R).second - even_share(T, i, R).first;
   const Tensor y_local = forward_counts(x.slice_rows(b, e), &counts);
   Tensor y = Tensor::empty({T, H}, DType::F32);
-  std::vector<size_t> bytes(R);
-  for (int i = 0; i < R; ++i) bytes[i] = static_cast<size_t>(T * (i + 1) / R - T * i / R) * H * sizeof(float);
-  const double t0 = dispatch::now_s();
-  world_.all_gather_v(y_local.raw(), y_local.nbytes(), y.raw(), bytes);
-  stats_.comm_wait_s += dispatch::now_s() - t0;
+  gather_shares(world_, y_local, T, H, y, stats_);
   return y;
 }
 

@@ -43,9 +43,10 @@ struct EpOptions {
   int64_t chunk_tokens = 0;
   // Run the shared experts while the routed experts' communication is in flight.
   bool overlap = true;
-  // Attention TP over the EP group (--attn-tp, allreduce only): this rank's shared
-  // experts hold a slice of their intermediate size, so their partial output joins the
-  // routed partial before the one all-reduce (no overlap: the sum needs both).
+  // Attention TP over the EP group (--attn-tp): this rank's shared experts hold a slice
+  // of their intermediate size, so the strategies do not run them (dispatch::SharedRun);
+  // allreduce adds their partial output to the routed partial before its one all-reduce
+  // (no overlap: the sum needs both), EpMoeLayer::forward_attn_tp sums them otherwise.
   bool shared_partial = false;
 };
 

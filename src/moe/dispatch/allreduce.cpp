@@ -26,17 +26,9 @@ class AllReduce final : public MoeStrategy {
       st.rows += routing_.index.rows_in(layer.weights().expert_begin, layer.weights().expert_end);
       layer.routed_partial(x, routing_, y);
     }
-    if (ep_.options().shared_partial) {
-      {
-        ScopedTimer timer(st.shared_s);
-        layer.shared_experts(x, y, /*accumulate=*/true);
-      }
-      if (T > 0) {
-        ScopedTimer timer(st.comm_wait_s);
-        ep_.comm().all_reduce_sum(y, static_cast<size_t>(T * H));
-      }
-      st.bytes_sent += static_cast<double>(T * H * sizeof(float)) * (ep_.comm().size() > 1);
-      return;
+    if (ep_.options().shared_partial) {  // this rank's slice joins the partial (SharedRun skips it)
+      ScopedTimer timer(st.shared_s);
+      layer.shared_experts(x, y, /*accumulate=*/true);
     }
     std::unique_ptr<CommRequest> req;
     if (T > 0) req = ep_.comm().iall_reduce_sum(y, static_cast<size_t>(T * H));
