@@ -51,6 +51,7 @@
 #include "moe/placement.h"
 #include "moe/slot_weights.h"
 #include "runtime/runner.h"
+#include "runtime/sampler.h"
 
 namespace moe {
 
@@ -95,12 +96,6 @@ std::vector<int32_t> prompt_ids(int64_t b, int64_t n, int64_t vocab) {
   return p;
 }
 
-int32_t argmax(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return static_cast<int32_t>(best);
-}
 
 // Writes config.json and every non-expert tensor of the generated model (bf16 or f32).
 void write_checkpoint(const std::string& dir, const ModelShape& s, const BenchModelOptions& o) {
@@ -168,13 +163,16 @@ struct DirGuard {
 };
 
 // One greedy step over `seqs`: forward, argmax (rank 0's tokens broadcast so that the
-// ranks never disagree), append. Returns the logits.
-Tensor greedy_step(Model& m, const std::vector<Sequence*>& seqs) {
-  const StepBatch b = prepare_step(seqs, false);
+// ranks never disagree), append. Returns the logits; token_only (what the timings run) asks
+// for the best logit of each row only (StepBatch::logit_top_k: the decode a server
+// runs, whose vocabulary-parallel lm_head then gathers one pair per rank and row).
+Tensor greedy_step(Model& m, const std::vector<Sequence*>& seqs, bool token_only = true) {
+  StepBatch b = prepare_step(seqs, false);
+  if (token_only) b.logit_top_k.assign(b.logit_rows.size(), 1);
   Tensor logits = m.forward(b);
   const int64_t V = m.config().vocab_size;
   std::vector<int32_t> next(seqs.size());
-  for (size_t i = 0; i < seqs.size(); ++i) next[i] = argmax(logits.data<float>() + i * V, V);
+  for (size_t i = 0; i < seqs.size(); ++i) next[i] = sample_token(logits.data<float>() + i * V, V, SamplingParams{}, 0, 0);
   if (m.world_size() > 1) m.world()->broadcast(next.data(), next.size() * sizeof(int32_t), 0);
   commit_step(seqs);
   for (size_t i = 0; i < seqs.size(); ++i) seqs[i]->tokens.push_back(next[i]);
@@ -213,19 +211,19 @@ std::string check_model(Model& m, bool exact, bool* ok) {
   constexpr int kSteps = 3;
   // Batch of two, then decode kSteps greedy tokens with the KV cache.
   std::vector<Sequence> both = {make_seq(0, p0), make_seq(1, p1)};
-  const Tensor l_batch = greedy_step(m, ptrs(both));
+  const Tensor l_batch = greedy_step(m, ptrs(both), false);
   Tensor l_dec;
-  for (int s = 0; s < kSteps; ++s) l_dec = greedy_step(m, ptrs(both));
+  for (int s = 0; s < kSteps; ++s) l_dec = greedy_step(m, ptrs(both), false);
   // Each prompt alone (other slots), and the fresh prefill of prompt + generated tokens.
   Diff batch_d, dec_d;
   for (int i = 0; i < 2; ++i) {
     std::vector<Sequence> one = {make_seq(2 + i, i == 0 ? p0 : p1)};
-    const Tensor l1 = greedy_step(m, ptrs(one));
+    const Tensor l1 = greedy_step(m, ptrs(one), false);
     diff_into(batch_d, l1.data<float>(), l_batch.data<float>() + i * V, V);
     std::vector<int32_t> full = both[i].tokens;
     full.pop_back();  // the last token is sampled from l_dec, not yet run
     std::vector<Sequence> re = {make_seq(4 + i, full)};
-    const Tensor l2 = greedy_step(m, ptrs(re));
+    const Tensor l2 = greedy_step(m, ptrs(re), false);
     diff_into(dec_d, l2.data<float>(), l_dec.data<float>() + i * V, V);
   }
   // exact: bitwise (one rank, or an all-to-all strategy); else summation-order noise.

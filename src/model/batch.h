@@ -24,6 +24,13 @@ struct StepBatch {
   std::vector<int32_t> positions;  // [T]
   std::vector<SeqSpan> seqs;       // in token order
   std::vector<int64_t> logit_rows;  // rows of [0, T) whose logits the step returns, in order
+  // Per logit row (empty: all 0): k > 0 when the caller reads only the k best logits of
+  // that row (sampler.h's order: greedy is 1, top-k sampling k, no penalties or
+  // logprobs). Under a vocabulary-parallel lm_head (--attn-tp) each rank then sends its
+  // k best (value, id) pairs instead of its whole slice, and the row comes back holding
+  // those (the row's k best among them, bit for bit) and -inf elsewhere: sample_token
+  // gives the token of the whole row. 0: the whole row. Other layouts return whole rows.
+  std::vector<int32_t> logit_top_k;
   int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
 };
 

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <numeric>
 
 #include "core/check.h"
 #include "loader/checkpoint.h"
@@ -21,6 +23,7 @@
 #include "moe/placement.h"
 #include "moe/placement_file.h"
 #include "moe/slot_weights.h"
+#include "runtime/sampler.h"
 
 namespace moe {
 
@@ -436,30 +439,89 @@ Tensor Model::forward(const StepBatch& b) {
   if (!attn_tp_) {
     linear_forward(lm_head_, last.data<float>(), n, logits.data<float>(), lin_s_);
   } else {
-    gather_vocab_logits(last.data<float>(), n, logits.data<float>());
+    gather_vocab_logits(last.data<float>(), n, b.logit_top_k, logits.data<float>());
   }
   if (eplb_) eplb_->after_step(expert_load_);
   return logits;
 }
 
-void Model::gather_vocab_logits(const float* x, int64_t n, float* logits) {
-  // Each rank's [n, V_r] block, gathered rank after rank, then laid out as [n, V].
-  const int R = attn_tp_->size();
+void Model::gather_vocab_logits(const float* x, int64_t n, const std::vector<int32_t>& top_k, float* logits) {
+  // One all-gather: rank r's part is, row after row, either its whole [V_r] slice (f32)
+  // or, for a row whose caller reads only its k best, its min(k, V_r) best (value, id)
+  // pairs in sampler.h's order. The k best of the row are among the ranks' k bests.
+  const int R = attn_tp_->size(), me = attn_tp_->rank();
   const int64_t V = cfg_.vocab_size, Vr = vocab_.second - vocab_.first;
+  MOE_CHECK(top_k.empty() || static_cast<int64_t>(top_k.size()) == n, "internal: {} top-k limits for {} logit rows",
+            top_k.size(), n);
   Tensor& mine = step_buffer(step_vocab_, n, std::max<int64_t>(Vr, 1));
   if (Vr > 0) linear_forward(lm_head_, x, n, mine.data<float>(), lin_s_);
-  vocab_gather_.resize(static_cast<size_t>(n * V));
+  // Pairs only where they are smaller than the slice on every rank (every rank decides
+  // alike: the smallest slice is rank 0's, V / R rounded down).
+  std::vector<int64_t> k(n, 0);
+  for (int64_t i = 0; i < static_cast<int64_t>(top_k.size()); ++i)
+    if (top_k[i] > 0 && 2 * static_cast<int64_t>(top_k[i]) < V / R) k[i] = top_k[i];
+  struct Pair {
+    float v;
+    int32_t id;
+  };
+  static_assert(sizeof(Pair) == 8);
+  auto part_bytes = [&](int64_t slice) {
+    size_t s = 0;
+    for (int64_t i = 0; i < n; ++i) s += k[i] > 0 ? std::min(k[i], slice) * sizeof(Pair) : slice * sizeof(float);
+    return s;
+  };
   std::vector<size_t> bytes(R);
   for (int r = 0; r < R; ++r) {
     const auto [b, e] = vocab_range(V, r, R);
-    bytes[r] = static_cast<size_t>(n * (e - b)) * sizeof(float);
+    bytes[r] = part_bytes(e - b);
   }
-  attn_tp_->all_gather_v(mine.data<float>(), static_cast<size_t>(n * Vr) * sizeof(float), vocab_gather_.data(), bytes);
-  const float* block = vocab_gather_.data();
+  vocab_send_.resize(bytes[me]);
+  char* out = vocab_send_.data();
+  std::vector<int32_t> order;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = mine.data<float>() + i * Vr;
+    if (k[i] == 0) {
+      std::memcpy(out, row, Vr * sizeof(float));
+      out += Vr * sizeof(float);
+      continue;
+    }
+    const int64_t kk = std::min(k[i], Vr);
+    order.resize(Vr);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + kk, order.end(),
+                      [&](int32_t a, int32_t c) { return logit_before(row, a, c); });
+    for (int64_t j = 0; j < kk; ++j, out += sizeof(Pair)) {
+      const Pair p{row[order[j]], static_cast<int32_t>(vocab_.first + order[j])};
+      std::memcpy(out, &p, sizeof p);
+    }
+  }
+  size_t total = 0;
+  for (size_t s : bytes) total += s;
+  vocab_gather_.resize(total);
+  attn_tp_->all_gather_v(vocab_send_.data(), bytes[me], vocab_gather_.data(), bytes);
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i)
+    if (k[i] > 0) std::fill(logits + i * V, logits + (i + 1) * V, kNegInf);
+  const char* in = vocab_gather_.data();
   for (int r = 0; r < R; ++r) {
     const auto [b, e] = vocab_range(V, r, R);
-    for (int64_t i = 0; i < n; ++i) std::memcpy(logits + i * V + b, block + i * (e - b), (e - b) * sizeof(float));
-    block += n * (e - b);
+    for (int64_t i = 0; i < n; ++i) {
+      if (k[i] == 0) {
+        std::memcpy(logits + i * V + b, in, (e - b) * sizeof(float));
+        in += (e - b) * sizeof(float);
+        continue;
+      }
+      // Every rank's k best land at their ids. The row's k best are among them and
+      // rank before the others (which are true logits too), so the first k of the
+      // row in sampler.h's order are the whole row's.
+      for (int64_t j = 0; j < std::min(k[i], e - b); ++j, in += sizeof(Pair)) {
+        Pair p;
+        std::memcpy(&p, in, sizeof p);
+        MOE_CHECK(p.id >= b && p.id < e, "internal: rank {} sent vocabulary id {} outside its rows [{}, {})", r, p.id,
+                  b, e);
+        logits[i * V + p.id] = p.v;
+      }
+    }
   }
 }
 

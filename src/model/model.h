@@ -151,8 +151,9 @@ class Model {
   Model() = default;
   void mlp(DecoderLayer& L, int64_t layer, const Tensor& x, float* y);
   // --attn-tp: this rank's vocabulary rows of x [n, H] through lm_head, all-gathered
-  // into logits [n, V].
-  void gather_vocab_logits(const float* x, int64_t n, float* logits);
+  // into logits [n, V]; rows with a top_k limit (StepBatch::logit_top_k) gather only
+  // each rank's k best.
+  void gather_vocab_logits(const float* x, int64_t n, const std::vector<int32_t>& top_k, float* logits);
 
   ModelConfig cfg_;
   ModelOptions opt_;
@@ -173,7 +174,9 @@ class Model {
   // Scratch, grown as needed. step_*: f32 [T, H] of the last forward() (residual
   // stream, normed input, layer output) and [logit rows, H]; see step_buffer().
   Tensor step_h_, step_xn_, step_tmp_, step_last_, step_vocab_;
-  std::vector<float> vocab_gather_;  // --attn-tp: every rank's [n, V_r] logits, rank after rank
+  // --attn-tp: this rank's part of the logits gather, and every rank's, rank after rank
+  // (per row: [V_r] f32, or k (f32 value, i32 id) pairs).
+  std::vector<char> vocab_send_, vocab_gather_;
   AttnScratch attn_s_;
   MoeScratch mlp_s_;
   LinearScratch lin_s_;

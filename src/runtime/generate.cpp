@@ -114,7 +114,10 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
       res.steps = step;
       break;
     }
-    const StepBatch b = prepare_step(run, false);
+    StepBatch b = prepare_step(run, false);
+    // Only the sampler reads these logits (unless they are kept): under a
+    // vocabulary-parallel lm_head the ranks then send their best few, not their slices.
+    if (!opt.keep_logits) b.logit_top_k.assign(b.logit_rows.size(), sampled_top_k(opt.sampling));
     const double t0 = now_s();
     const Tensor logits = m.forward(b);  // [run.size(), V]
     commit_step(run);

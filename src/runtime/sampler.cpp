@@ -26,18 +26,20 @@ double counter_uniform(uint64_t seed, uint64_t request, uint64_t step) {
 int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, uint64_t request, uint64_t step) {
   MOE_CHECK(V > 0, "internal: empty logits");
   if (p.greedy()) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < V; ++i)
-      if (logits[i] > logits[best]) best = i;
-    return static_cast<int32_t>(best);
+    int32_t best = 0;
+    for (int32_t i = 1; i < V; ++i)
+      if (logit_before(logits, i, best)) best = i;
+    return best;
   }
   MOE_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got {}", p.top_p);
   MOE_CHECK(p.top_k >= 0, "--top-k must not be negative, got {}", p.top_k);
   std::vector<int32_t> order(V);
   std::iota(order.begin(), order.end(), 0);
-  // Highest logit first; ties to the lower id (stable order, independent of std::sort).
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  // Highest logit first; ties to the lower id (a total order, so only the first `keep`
+  // need sorting and any sort gives the same ones).
   int64_t keep = (p.top_k > 0) ? std::min<int64_t>(p.top_k, V) : V;
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                    [&](int32_t a, int32_t b) { return logit_before(logits, a, b); });
   const double mx = logits[order[0]];
   std::vector<double> w(keep);
   double total = 0;

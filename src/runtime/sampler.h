@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace moe {
 
@@ -21,7 +22,25 @@ struct SamplingParams {
 // A uniform double in [0, 1) from (seed, request, step) (splitmix64 finaliser).
 double counter_uniform(uint64_t seed, uint64_t request, uint64_t step);
 
-// Picks a token from logits[V]. Deterministic for the same inputs.
+// The order every sampler ranks tokens in: higher logit first, NaN as -inf, ties to
+// the lower id. A total order, so "the k best" of a row is one set (what a
+// vocabulary-parallel lm_head's ranks each send, model/model.h).
+inline float sort_key(float v) { return v == v ? v : -std::numeric_limits<float>::infinity(); }
+inline bool logit_before(const float* logits, int32_t a, int32_t b) {
+  const float x = sort_key(logits[a]), y = sort_key(logits[b]);
+  return x > y || (x == y && a < b);
+}
+
+// How many of a row's best logits sample_token reads under p: 1 (greedy), top_k, or 0
+// (the whole row).
+inline int32_t sampled_top_k(const SamplingParams& p) {
+  if (p.greedy()) return 1;
+  return p.top_k > 0 && p.top_k <= std::numeric_limits<int32_t>::max() ? static_cast<int32_t>(p.top_k) : 0;
+}
+
+// Picks a token from logits[V]. Deterministic for the same inputs. Only the
+// max(top_k, 1) best logits in that order matter when top_k > 0 or greedy (a row that
+// holds -inf elsewhere gives the same token).
 int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, uint64_t request, uint64_t step);
 
 }  // namespace moe

@@ -16,7 +16,10 @@ class CountingComm final : public Communicator {
  public:
   // `calls[op]`: how many times op ran on this rank, over this communicator and its splits.
   using Tally = std::map<std::string, int64_t>;
-  CountingComm(Communicator& inner, std::shared_ptr<Tally> tally) : inner_(inner), tally_(std::move(tally)) {
+  // `sent[op]` (optional): the bytes this rank handed to op, for the ops that send one
+  // buffer (all_gather_v).
+  CountingComm(Communicator& inner, std::shared_ptr<Tally> tally, std::shared_ptr<Tally> sent = nullptr)
+      : inner_(inner), tally_(std::move(tally)), sent_(std::move(sent)) {
     set_timeout(inner.timeout());
   }
 
@@ -34,6 +37,7 @@ class CountingComm final : public Communicator {
     count("all_gather"), inner_.all_gather(send, bytes, recv);
   }
   void all_gather_v(const void* send, size_t send_bytes, void* recv, const std::vector<size_t>& recv_bytes) override {
+    if (sent_) (*sent_)["all_gather_v"] += static_cast<int64_t>(send_bytes);
     count("all_gather_v"), inner_.all_gather_v(send, send_bytes, recv, recv_bytes);
   }
   void reduce_scatter_v_sum(const float* send, float* recv, const std::vector<size_t>& counts) override {
@@ -56,7 +60,7 @@ class CountingComm final : public Communicator {
   }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     owned_.push_back(inner_.split(color, key, name));
-    return std::make_unique<CountingComm>(*owned_.back(), tally_);
+    return std::make_unique<CountingComm>(*owned_.back(), tally_, sent_);
   }
   [[noreturn]] void abort_all(const std::string& why) override {
     inner_.abort_all(why);
@@ -66,7 +70,7 @@ class CountingComm final : public Communicator {
  private:
   void count(const char* op) { ++(*tally_)[op]; }
   Communicator& inner_;
-  std::shared_ptr<Tally> tally_;
+  std::shared_ptr<Tally> tally_, sent_;
   std::vector<std::unique_ptr<Communicator>> owned_;  // the real sub-communicators
 };
 

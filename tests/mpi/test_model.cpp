@@ -11,15 +11,22 @@
 //     the seed's vLLM layout)                           every fixture; R = 3: errors
 //   the collectives of one --attn-tp decode step        one all-reduce per attention
 //                                                       and per MLP block, one gather
+//   greedy / top-k rows under --attn-tp                 each rank sends its k best;
+//                                                       the token of the whole row
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
 
 #include "comm/communicator.h"
 #include "loader/checkpoint.h"
 #include "model/registry.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "runtime/generate.h"
+#include "runtime/sampler.h"
 #include "../test_model_util.h"
 #include "counting_comm.h"
 
@@ -164,7 +171,9 @@ TEST(ModelAttnTp, EveryFamilyWithAttentionTpOverTheEpGroup) {
       const Tensor got = prefill_logits(*m, f.prompts);
       EXPECT_LE(test::max_logit_diff(got, f.logits, f.prompts), 1e-4);
       if (!allreduce.defined()) allreduce = got;
-      else if (l.dp == 1) EXPECT_LE(test::max_logit_diff(got, allreduce, f.prompts), 1e-5) << "vs allreduce";
+      else if (l.dp == 1) {
+        EXPECT_LE(test::max_logit_diff(got, allreduce, f.prompts), 1e-5) << "vs allreduce";
+      }
       auto again = load(f.dir, l, 3);
       EXPECT_EQ(test::max_logit_diff(prefill_logits(*again, f.prompts), got, f.prompts), 0.0) << "run to run";
       auto m2 = load(f.dir, l, 3);
@@ -266,22 +275,100 @@ TEST(ModelDp, SeededSamplingIsTheSameOnEveryLayout) {
   const int R = world().size();
   const auto fx = test::model_fixtures();
   const auto& f = fx[0];
-  GenerateOptions go;
-  go.max_new_tokens = 8;
-  go.ignore_eos = true;
-  go.sampling.temperature = 1.0;
-  go.sampling.top_k = 30;
-  go.sampling.seed = 11;
-  auto ref = test::load_model(f.dir);
-  const GenerateResult want = generate(*ref, f.prompts, go);
-  std::vector<Layout> layouts = {{R, 1, 1, MoeComm::AllToAll}};
-  if (R % 2 == 0) layouts.push_back({R, 1, 2, MoeComm::AllToAll});
-  // Vocabulary-parallel lm_head: the seeded top-k draw sees the gathered logits.
-  if (R > 1 && attn_tp_fits(f.dir, R)) layouts.push_back({R, 1, 1, MoeComm::Auto, R});
-  for (const Layout& l : layouts) {
-    SCOPED_TRACE(describe(l));
-    auto m = load(f.dir, l, 3);
-    EXPECT_EQ(generate(*m, f.prompts, go).tokens, want.tokens);
+  // top_k 30 gathers whole rows under --attn-tp (30 pairs are no smaller than a rank's
+  // slice of this vocabulary); top_k 5 gathers each rank's 5 best.
+  for (int64_t top_k : {30, 5}) {
+    GenerateOptions go;
+    go.max_new_tokens = 8;
+    go.ignore_eos = true;
+    go.sampling.temperature = 1.0;
+    go.sampling.top_k = top_k;
+    go.sampling.top_p = 0.9;
+    go.sampling.seed = 11;
+    auto ref = test::load_model(f.dir);
+    const GenerateResult want = generate(*ref, f.prompts, go);
+    std::vector<Layout> layouts = {{R, 1, 1, MoeComm::AllToAll}};
+    if (R % 2 == 0) layouts.push_back({R, 1, 2, MoeComm::AllToAll});
+    // Vocabulary-parallel lm_head: the seeded top-k draw sees the gathered logits.
+    if (R > 1 && attn_tp_fits(f.dir, R)) layouts.push_back({R, 1, 1, MoeComm::Auto, R});
+    for (const Layout& l : layouts) {
+      SCOPED_TRACE(describe(l) + fmt::format(" top_k {}", top_k));
+      auto m = load(f.dir, l, 3);
+      EXPECT_EQ(generate(*m, f.prompts, go).tokens, want.tokens);
+    }
+  }
+}
+
+// Vocabulary-parallel lm_head, rows whose caller reads only their k best
+// (StepBatch::logit_top_k): each rank sends its k best (value, id) pairs, not its
+// slice. The row's k best come back bit for bit, the rest of the row is -inf or a true
+// logit, and greedy and seeded top-k / top-p draws pick the token of the whole row.
+TEST(ModelAttnTp, VocabParallelTopKPicksTheTokenOfTheWholeRow) {
+  const int R = world().size();
+  if (R == 1) GTEST_SKIP() << "--attn-tp needs 2 or more ranks";
+  int ran = 0;
+  for (const char* name : {"chat_qwen3", "deepseek_v3", "qwen3_moe"}) {
+    const std::string dir = test::fixtures_dir() + "/" + name;
+    if (!attn_tp_fits(dir, R)) continue;
+    ++ran;
+    SCOPED_TRACE(name);
+    auto sent = std::make_shared<test::CountingComm::Tally>();
+    test::CountingComm counting(world(), std::make_shared<test::CountingComm::Tally>(), sent);
+    ModelOptions o;
+    o.n_slots = 3;
+    o.max_seq = 32;
+    o.world = &counting;
+    o.par = {R, 1, 1, R};
+    auto m = Model::load(dir, o);
+    const int64_t V = m->config().vocab_size;
+    StepBatch b;  // three prompts of 4, 2 and 3 tokens; the last token of each
+    b.tokens = {5, 9, 11, 3, 7, 1, 2, 8, 4};
+    b.positions = {0, 1, 2, 3, 0, 1, 0, 1, 2};
+    b.seqs = {{0, 0, 4, 0}, {1, 4, 2, 0}, {2, 6, 3, 0}};
+    b.logit_rows = {3, 5, 8};
+    const Tensor whole = m->forward(b);
+    // The k of each row (0: the whole row); the largest fits the smallest rank's slice
+    // (2 k < V / R).
+    const int32_t big = static_cast<int32_t>(std::max<int64_t>(1, (V / R - 1) / 2));
+    for (const std::vector<int32_t>& ks : {std::vector<int32_t>{1, 0, big}, std::vector<int32_t>{big, 3, 1}}) {
+      b.logit_top_k = ks;
+      sent->clear();
+      const Tensor part = m->forward(b);  // the same positions again: the cache gets the same values
+      // Each rank sent min(k, V_r) pairs of 8 bytes for a limited row, its slice for the others.
+      const auto [vb, ve] = vocab_range(V, counting.rank(), R);
+      int64_t bytes = 0;
+      for (int32_t k : ks) bytes += k > 0 ? std::min<int64_t>(k, ve - vb) * 8 : (ve - vb) * 4;
+      EXPECT_EQ((*sent)["all_gather_v"], bytes);
+      for (int64_t i = 0; i < 3; ++i) {
+        SCOPED_TRACE(fmt::format("row {} k {}", i, ks[i]));
+        const float* w = whole.data<float>() + i * V;
+        const float* p = part.data<float>() + i * V;
+        if (ks[i] == 0) {
+          EXPECT_EQ(std::memcmp(p, w, V * sizeof(float)), 0) << "the whole row";
+          continue;
+        }
+        std::vector<int32_t> order(V);
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(), [&](int32_t a, int32_t c) { return logit_before(w, a, c); });
+        for (int32_t j = 0; j < ks[i]; ++j)
+          EXPECT_EQ(std::memcmp(&p[order[j]], &w[order[j]], sizeof(float)), 0) << "the " << j << "-th best";
+        for (int64_t v = 0; v < V; ++v)
+          EXPECT_TRUE(p[v] == -std::numeric_limits<float>::infinity() || p[v] == w[v]) << "id " << v;
+        SamplingParams greedy;
+        EXPECT_EQ(sample_token(p, V, greedy, 0, 0), sample_token(w, V, greedy, 0, 0));
+        for (uint64_t seed = 0; seed < 20; ++seed) {
+          SamplingParams s;
+          s.temperature = 0.7;
+          s.top_k = ks[i];
+          s.top_p = seed % 2 ? 0.8 : 1.0;
+          s.seed = seed;
+          EXPECT_EQ(sample_token(p, V, s, 0, seed), sample_token(w, V, s, 0, seed)) << "seed " << seed;
+        }
+      }
+    }
+  }
+  if (R == 2 || R == 4) {
+    EXPECT_EQ(ran, 3);
   }
 }
 

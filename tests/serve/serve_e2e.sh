@@ -159,6 +159,19 @@ check_choices() {
   echo "ok: n=3 greedy choices equal the one-choice answer; choices 2 and 3 read $((h1 - h0)) tokens from the cache"
 }
 
+# A seeded top-k draw reads only the row's k best logits (under --attn-tp the ranks send
+# just theirs); asking for logprobs makes the engine read whole rows. Same text both ways.
+check_seeded_top_k() {
+  local body a b
+  body=$(jq -cn --arg m "$NAME" --arg t "${PROMPTS[1]}" \
+    '{model: $m, messages: [{role: "user", content: $t}], max_tokens: 8, temperature: 0.9, top_k: 3, seed: 7}')
+  a=$(post /v1/chat/completions "$body" | jq -j '.choices[0].message.content')
+  [ "$(status)" = 200 ] || fail "seeded top_k: status $(status): $(cat "$TMP/body")"
+  b=$(post /v1/chat/completions "$(jq -c '.logprobs = true | .top_logprobs = 1' <<<"$body")" | jq -j '.choices[0].message.content')
+  [ "$a" = "$b" ] || fail "seeded top_k: '$a' from the k best logits, '$b' from whole rows"
+  echo "ok: a seeded top_k=3 draw gives the same text from the k best logits and from whole rows"
+}
+
 rank_pid() {  # the pid of MPI rank $1 of the server
   local p
   for p in $(pgrep -f "moe-ep serve --model $MODEL" || true); do
@@ -176,6 +189,7 @@ two_ranks() {
   check_answers
   check_prefix_cache
   check_choices
+  check_seeded_top_k
   local rank0 rc=0
   rank0=$(rank_pid 0)
   [ -n "$rank0" ] || fail "cannot find rank 0"

@@ -280,6 +280,9 @@ bool ModelEngine::step() {
     }
     if (r.n_cached + n == static_cast<int64_t>(r.tokens.size())) {
       b.logit_rows.push_back(b.n_tokens() - 1);
+      // What sample_rows reads of the row: penalties and logprobs read all of it.
+      const bool whole = r.p.presence_penalty != 0 || r.p.frequency_penalty != 0 || r.p.top_logprobs >= 0;
+      b.logit_top_k.push_back(whole ? 0 : sampled_top_k(r.p.sampling));
       logit_req.push_back(&r);
     }
     b.seqs.push_back(sp);

@@ -19,7 +19,9 @@ void broadcast_plan(Communicator& world, StepPlan& plan) {
     head[2] = static_cast<int64_t>(b.seqs.size());
     head[3] = static_cast<int64_t>(b.logit_rows.size());
     head[4] = n_blocks;
-    words.reserve(2 * head[1] + 5 * head[2] + head[3] + head[4]);
+    MOE_CHECK(b.logit_top_k.size() == b.logit_rows.size(), "internal: {} top-k limits for {} logit rows",
+              b.logit_top_k.size(), b.logit_rows.size());
+    words.reserve(2 * head[1] + 5 * head[2] + 2 * head[3] + head[4]);
     words.insert(words.end(), b.tokens.begin(), b.tokens.end());
     words.insert(words.end(), b.positions.begin(), b.positions.end());
     for (size_t i = 0; i < b.seqs.size(); ++i) {
@@ -32,6 +34,7 @@ void broadcast_plan(Communicator& world, StepPlan& plan) {
       words.push_back(static_cast<int32_t>(plan.blocks[i].size()));
     }
     for (int64_t r : b.logit_rows) words.push_back(static_cast<int32_t>(r));
+    words.insert(words.end(), b.logit_top_k.begin(), b.logit_top_k.end());
     for (const auto& bl : plan.blocks) words.insert(words.end(), bl.begin(), bl.end());
   }
   world.broadcast(head, sizeof head, 0);
@@ -41,7 +44,7 @@ void broadcast_plan(Communicator& world, StepPlan& plan) {
   }
   MOE_CHECK(head[0] >= 0 && head[0] <= 2 && head[1] >= 0 && head[2] >= 0 && head[3] >= 0 && head[4] >= 0,
             "internal: malformed step plan header");
-  const int64_t n_words = 2 * head[1] + 5 * head[2] + head[3] + head[4];
+  const int64_t n_words = 2 * head[1] + 5 * head[2] + 2 * head[3] + head[4];
   words.resize(n_words);
   if (n_words > 0) world.broadcast(words.data(), words.size() * sizeof(int32_t), 0);
   plan = StepPlan{};
@@ -63,6 +66,7 @@ void broadcast_plan(Communicator& world, StepPlan& plan) {
     b.seqs.push_back(s);
   }
   for (int64_t i = 0; i < head[3]; ++i) b.logit_rows.push_back(words[at++]);
+  for (int64_t i = 0; i < head[3]; ++i) b.logit_top_k.push_back(words[at++]);
   for (int64_t n : n_bl) {
     MOE_CHECK(at + n <= words.size(), "internal: malformed step plan");
     plan.blocks.emplace_back(words.begin() + at, words.begin() + at + n);
