@@ -30,9 +30,12 @@
 //   attn-tp     --ep N --attn-tp N: attention heads, GQA's KV cache, shared experts,
 //               dense MLPs and lm_head split N ways (the bytes of one rank's slices,
 //               model_reads on rank 0 of N); two all-reduces per layer (attention, MLP
-//               block) and one all-gather of the logits per step.
-// A collective costs ceil(log2 N) x latency (recursive doubling) plus its bytes over the
-// link: an all-reduce 2 (N-1)/N x its size (ring), an all-gather (N-1)/N x the total.
+//               block) and one all-gather of the logits per step (each node's slice, or
+//               its --top-k best (value, id) pairs when the sampler reads only those).
+// A collective costs ceil(log2 N) x latency (recursive doubling) plus the bytes a node
+// sends ("wire"): an all-reduce 2 (N-1)/N x its size (ring; OpenMPI's non-blocking
+// binomial reduce + broadcast sends the same in all, unevenly: 1 to 2 x the size per
+// node at N = 4), an all-gather its part to each of the N-1 others.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -70,6 +73,7 @@ struct PlanOptions {
   int64_t prefill_tokens = 2048;  // prompt tokens per node per prefill step
   int64_t round_trips = 2;     // network round trips per MoE layer (dispatch + combine)
   double gflops = 0;           // per node, for prefill compute (0: not modelled)
+  int64_t top_k = 1;           // logits per row the sampler reads (1 greedy; 0 whole rows: logprobs, penalties)
   bool json = false;
 };
 
@@ -106,12 +110,13 @@ struct LayoutInputs {
   double kv_seq = 0, kv_tp_share = 1;        // KV bytes of one sequence; the share one attention-TP rank holds
   double dispatch = 0, combine = 0;          // alltoall bytes per token per MoE layer (dp)
   double bw = 0, net = 0, lat = 0, round_trips = 2;
+  int64_t top_k = 1;  // logits a sampled row needs (0: the whole row; see --top-k)
 };
 
 struct LayoutCost {
   std::string name, flags;
   bool possible = true;
-  double read = 0, collectives = 0, mem_s = 0, net_s = 0, step_s = 0, tokens_per_s = 0;
+  double read = 0, collectives = 0, wire = 0, mem_s = 0, net_s = 0, step_s = 0, tokens_per_s = 0;
 };
 
 // One decode step of `conv` conversations in all under layout `name`.
@@ -133,15 +138,16 @@ LayoutCost layout_cost(const LayoutInputs& in, const std::string& name, int64_t 
     r.read = in.attn + in.dense + in.shared + in.lm + b * in.embed_row + touched(c) * in.expert * moe_layers +
              b * in.kv_seq;
     r.collectives = in.N > 1 ? in.round_trips * moe_layers : 0;
-    r.net_s = in.N > 1 ? moe_layers * (in.round_trips * in.lat + b * (in.dispatch + in.combine) / link) : 0;
+    r.wire = in.N > 1 ? moe_layers * b * (in.dispatch + in.combine) : 0;
+    r.net_s = in.N > 1 ? moe_layers * in.round_trips * in.lat + r.wire / link : 0;
   } else if (name == "replicated") {
     r.flags = fmt::format("--ep {}", in.N);
     r.read = in.attn + in.dense + in.shared + in.lm + c * in.embed_row + touched(c) * in.expert * moe_layers +
              c * in.kv_seq;
     r.collectives = in.N > 1 ? moe_layers : 0;
-    // The slot gather: every node receives the other nodes' k choices' f32 rows.
-    const double gathered = c * static_cast<double>(in.k) * H * 4 * (N - 1) / N;
-    r.net_s = in.N > 1 ? moe_layers * (hops * in.lat + gathered / link) : 0;
+    // The slot gather: a node sends its 1/N of the c k f32 rows to each other node.
+    r.wire = in.N > 1 ? moe_layers * c * static_cast<double>(in.k) * H * 4 * (N - 1) / N : 0;
+    r.net_s = in.N > 1 ? moe_layers * hops * in.lat + r.wire / link : 0;
   } else {  // attn-tp
     r.flags = fmt::format("--ep {} --attn-tp {}", in.N, in.N);
     r.possible = in.attn_tp >= 0;
@@ -149,8 +155,15 @@ LayoutCost layout_cost(const LayoutInputs& in, const std::string& name, int64_t 
     r.read = in.attn_tp + in.dense / N + (in.shared - in.router) / N + in.router + in.lm / N + c * in.embed_row +
              touched(c) * in.expert * moe_layers + c * in.kv_seq * in.kv_tp_share;
     r.collectives = in.N > 1 ? 2 * layers + 1 : 0;
-    const double reduce = 2 * (N - 1) / N * c * H * 4, logits = (N - 1) / N * c * static_cast<double>(in.V) * 4;
-    r.net_s = in.N > 1 ? r.collectives * hops * in.lat + (2 * layers * reduce + logits) / link : 0;
+    // Logits: a node sends its slice of each row ([V / N] f32), or its top_k best
+    // (value, id) pairs when they are fewer (Model::gather_vocab_logits), to each other node.
+    const double reduce = 2 * (N - 1) / N * c * H * 4;
+    const double slice = static_cast<double>(in.V) / N;
+    const double part = in.top_k > 0 && 2.0 * static_cast<double>(in.top_k) < std::floor(slice)
+                            ? static_cast<double>(in.top_k) * 8
+                            : slice * 4;
+    r.wire = in.N > 1 ? 2 * layers * reduce + (N - 1) * c * part : 0;
+    r.net_s = in.N > 1 ? r.collectives * hops * in.lat + r.wire / link : 0;
   }
   r.mem_s = in.bw > 0 ? r.read / in.bw : 0;
   r.step_s = r.mem_s + r.net_s;
@@ -290,6 +303,7 @@ int run_plan(const PlanOptions& o) {
   li.net = net;
   li.lat = lat;
   li.round_trips = static_cast<double>(o.round_trips);
+  li.top_k = o.top_k;
   try {
     // One attention-TP rank's slices, as Model::load reads them under --attn-tp N.
     li.attn_tp = 0;
@@ -357,7 +371,7 @@ int run_plan(const PlanOptions& o) {
     auto& lj = r["layouts"] = nlohmann::ordered_json::array();
     auto cost_json = [](const LayoutCost& x) {
       return nlohmann::ordered_json{{"bytes_read_per_step", x.read}, {"collectives_per_step", x.collectives},
-                                    {"mem_s", x.mem_s}, {"net_s", x.net_s}, {"step_s", x.step_s},
+                                    {"wire_bytes_per_step", x.wire}, {"mem_s", x.mem_s}, {"net_s", x.net_s}, {"step_s", x.step_s},
                                     {"tokens_per_s", x.tokens_per_s}};
     };
     for (const auto& [one, all] : layouts)
@@ -400,16 +414,16 @@ int run_plan(const PlanOptions& o) {
              prefill_tps);
   fmt::print("  {}\n", prefill_formula);
   fmt::print("\nlayouts (decode; one conversation, and {} conversations in all):\n", N * o.batch);
-  fmt::print("  {:<11} {:<22} {:>12} {:>12} {:>9} {:>9} {:>14} {:>12} {:>12}\n", "layout", "flags", "read/step",
-             "collectives", "mem ms", "net ms", "tok/s (1 conv)", "read/step", "tok/s (all)");
+  fmt::print("  {:<11} {:<22} {:>12} {:>12} {:>11} {:>9} {:>9} {:>14} {:>12} {:>12}\n", "layout", "flags",
+             "read/step", "collectives", "wire/step", "mem ms", "net ms", "tok/s (1 conv)", "read/step", "tok/s (all)");
   for (const auto& [one, all] : layouts) {
     if (!one.possible) {
       fmt::print("  {:<11} {:<22} (the heads or MLP sizes do not split {} ways)\n", one.name, one.flags, N);
       continue;
     }
-    fmt::print("  {:<11} {:<22} {:>12} {:>12.0f} {:>9.3f} {:>9.3f} {:>14.2f} {:>12} {:>12.1f}\n", one.name, one.flags,
-               size(one.read), one.collectives, one.mem_s * 1e3, one.net_s * 1e3, one.tokens_per_s, size(all.read),
-               all.tokens_per_s);
+    fmt::print("  {:<11} {:<22} {:>12} {:>12.0f} {:>11} {:>9.3f} {:>9.3f} {:>14.2f} {:>12} {:>12.1f}\n", one.name,
+               one.flags, size(one.read), one.collectives, size(one.wire), one.mem_s * 1e3, one.net_s * 1e3,
+               one.tokens_per_s, size(all.read), all.tokens_per_s);
   }
   if (const LayoutCost* b = best(true)) fmt::print("  fastest for one conversation: {}: {}\n", b->name, command(*b));
   if (const LayoutCost* b = best(false)) fmt::print("  fastest for the cluster: {}: {}\n", b->name, command(*b));
@@ -458,6 +472,11 @@ Verb add_plan_verb(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   p->add_option("--gflops", o->gflops, "Sustained GFLOP/s per node for prefill compute (0: not modelled)")
       ->check(CLI::NonNegativeNumber);
+  p->add_option("--top-k", o->top_k,
+                "Logits per row the sampler reads under attention TP: 1 greedy, k for top-k sampling, 0 whole rows "
+                "(logprobs, penalties, sampling without top-k); sets the size of the logits gather")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   p->add_flag("--json", o->json, "Print the plan as JSON");
   return {p, [o] { return run_plan(*o); }};
 }

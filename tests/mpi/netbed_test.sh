@@ -22,6 +22,8 @@
 #                         (clock_jump.cpp, LD_PRELOAD): the bounded waits (steady_clock) notice
 #                         nothing, --comm-timeout 2 does not fire, the tokens equal one rank's
 #   bench-smoke           scripts/bench_net.sh --quick on a tiny layer prints its table row
+#   wire                  scripts/bench_wire.sh on 2 hosts: the bytes a decode step sends
+#                         (net0 counters) within 10 % of `moe-ep plan`'s, replicated and attn-tp
 #   skip-reason           the bed's check, run as nobody and as root without CAP_NET_ADMIN, says
 #                         why and exits 77
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason where namespaces cannot be made.
@@ -270,6 +272,18 @@ case "$case_" in
       fail "bench_net.sh failed: $out"
     echo "$out"
     grep -Eq '^\| 0 \| 1gbit \| alltoall \| 1 \| [0-9.]+ \| [0-9.]+ \|' <<<"$out" || fail "bench_net.sh printed no 1gbit alltoall row" ;;
+  wire)
+    # Bytes a decode step puts on the wire (each host's net0 counter, headers and ACKs
+    # included) against `moe-ep plan`'s payload figure, replicated and attention TP on 2
+    # hosts: within 10 % (measured 0.4 % and 2.3 % over on this bed; docs/SCALE.md).
+    out=$(MOE_EP="$bin" bash "$root/scripts/bench_wire.sh" --hosts 2 --layers 2 --vocab 32000 --steps "4 12") ||
+      fail "bench_wire.sh failed: $out"
+    echo "$out"
+    for layout in replicated attn-tp; do
+      r=$(awk -F'|' -v l="$layout" '$3 ~ " "l" " {gsub(/ /, "", $6); print $6}' <<<"$out")
+      [ -n "$r" ] || fail "bench_wire.sh printed no $layout row"
+      awk -v r="$r" 'BEGIN { exit !(r >= 0.9 && r <= 1.1) }' || fail "$layout: measured / plan = $r, outside [0.9, 1.1]"
+    done ;;
   fault-link) fault_case link ;;
   fault-kill) fault_case kill ;;
   fault-stop) fault_case stop ;;

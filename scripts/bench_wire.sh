@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Bytes on the wire per decode step, measured on the multi-host test bed
+# (scripts/netbed.sh), against `moe-ep plan`'s figure for the same model and layout.
+# Needs root (network namespaces) and jq.
+#
+#   scripts/bench_wire.sh [options]
+#     --hosts LIST     host counts, default "2 4" (one rank each)
+#     --layers N       bench-model --layers (every layer MoE), default 2
+#     --vocab V        bench-model --vocab, default 32000
+#     --steps "A B"    two --decode-steps values, default "4 20"
+#     --top-k K        plan --top-k (bench-model decodes greedily: 1), default 1
+#     --out FILE       also write the table here
+#
+# What is measured: every test host's net0 transmit counter (bytes leaving the host:
+# payload, MPI's headers, TCP/IP/Ethernet headers, TCP ACKs) around two `moe-ep
+# bench-model` runs that differ only in --decode-steps. Each run decodes its steps twice
+# (one untimed pass, --repeats 1), so the difference of the two runs' counters over
+# 2 x (B - A) steps is what one decode step sends: model load, checks, prefill and
+# MPI's start-up cancel out. The plan counts the payload of the collectives the engine
+# runs (plan_cmd.cpp, "wire"); bench-model also broadcasts each step's token from rank
+# 0 (4 bytes), which the plan does not count.
+#
+# bench-model builds a Qwen3-30B-A3B-shaped model (H 2048, 128 experts, top-8) with
+# random bf16 weights; the plan reads docs/examples/qwen3_30b_a3b with the same layers
+# and vocabulary.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$here/.."
+bin="${MOE_EP:-$root/build/moe-ep}"
+bed="$here/netbed.sh"
+hosts_list="2 4" layers=2 vocab=32000 steps="4 20" top_k=1 out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --hosts) hosts_list=$2; shift 2 ;;
+    --layers) layers=$2; shift 2 ;;
+    --vocab) vocab=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --top-k) top_k=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) sed -n '2,25p' "$0"; exit 2 ;;
+  esac
+done
+read -r s1 s2 <<<"$steps"
+[ -n "${s2:-}" ] && [ "$s2" -gt "$s1" ] || { echo "bench_wire: --steps needs two counts, the second larger"; exit 2; }
+[ -x "$bin" ] || { echo "bench_wire: no moe-ep binary at $bin (build first, or set MOE_EP)"; exit 1; }
+command -v jq >/dev/null || { echo "bench_wire: needs jq"; exit 1; }
+bash "$bed" check || exit $?
+
+tmp=$(mktemp -d)
+id=""
+trap '[ -n "$id" ] && bash "$bed" down "$id"; rm -rf "$tmp"' EXIT
+mkdir "$tmp/model"
+jq --argjson l "$layers" --argjson v "$vocab" '.num_hidden_layers = $l | .vocab_size = $v' \
+  "$root/docs/examples/qwen3_30b_a3b/config.json" >"$tmp/model/config.json"
+
+tx() {  # tx <hosts>: every test host's net0 transmit bytes, one line
+  local i
+  for i in $(seq 1 "$1"); do ip netns exec "$(bash "$bed" host "$id" "$i")" cat /sys/class/net/net0/statistics/tx_bytes; done | paste -sd' '
+}
+
+# run <hosts> <decode steps> <layout flags...>: the per-host transmit bytes of one run
+run() {
+  local n=$1 st=$2
+  shift 2
+  local before after
+  before=$(tx "$n")
+  OMP_NUM_THREADS=1 timeout -k 5 900 bash "$bed" mpirun "$id" "$n" 1 -x OMP_NUM_THREADS -- "$bin" bench-model \
+    --layers "$layers" --vocab "$vocab" --prefill 8 --decode-batch 1 --decode-context 16 --decode-steps "$st" \
+    --repeats 1 --skip-check --comm-timeout 300 "$@" >"$tmp/run.log" 2>&1 ||
+    { echo "bench_wire: bench-model failed ($n hosts, $*):" >&2; tail -5 "$tmp/run.log" >&2; return 1; }
+  after=$(tx "$n")
+  paste -d' ' <(tr ' ' '\n' <<<"$before") <(tr ' ' '\n' <<<"$after") | awk '{print $2 - $1}' | paste -sd' '
+}
+
+table="$tmp/table.md"
+{
+  echo "| hosts | layout | measured bytes/step/host: mean (min-max) | plan | measured / plan |"
+  echo "|---|---|---|---|---|"
+} >"$table"
+for n in $hosts_list; do
+  id=$(bash "$bed" up "$n")
+  "$bin" plan --model "$tmp/model" --nodes "$n" --batch 1 --context 64 --mem-per-node 1000 --mem-bw 100 \
+    --net-gbps 10 --net-latency-us 10 --top-k "$top_k" --json >"$tmp/plan.json"
+  for layout in replicated attn-tp; do
+    flags=(--ep "$n")
+    [ "$layout" = attn-tp ] && flags+=(--attn-tp "$n")
+    a=$(run "$n" "$s1" "${flags[@]}")
+    b=$(run "$n" "$s2" "${flags[@]}")
+    per=$(paste -d' ' <(tr ' ' '\n' <<<"$a") <(tr ' ' '\n' <<<"$b") |
+      awk -v d=$((2 * (s2 - s1))) '{print ($2 - $1) / d}' | paste -sd' ')
+    plan=$(jq -r --arg l "$layout" '.layouts[] | select(.layout == $l) | .one_conversation.wire_bytes_per_step' "$tmp/plan.json")
+    awk -v per="$per" -v plan="$plan" -v n="$n" -v l="$layout" 'BEGIN {
+      k = split(per, v, " "); s = 0; lo = v[1]; hi = v[1]
+      for (i = 1; i <= k; ++i) { s += v[i]; if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i] }
+      m = s / k
+      printf "| %d | %s | %.0f (%.0f-%.0f) | %.0f | %.3f |\n", n, l, m, lo, hi, plan, m / plan }' >>"$table"
+  done
+  bash "$bed" down "$id"
+  id=""
+done
+cat "$table"
+[ -z "$out" ] || cp "$table" "$out"
