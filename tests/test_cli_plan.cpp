@@ -138,9 +138,17 @@ TEST_F(CliPlan, LayoutsCountWhatEachOneReadsAndSends) {
   EXPECT_EQ(tp1["collectives_per_step"], 2 * 2 + 1);
   EXPECT_EQ(L[1]["one_conversation"]["collectives_per_step"], 2);
   // 5 collectives of one hop at 10 us; 4 all-reduces of a 16-float row (2 x 1/2 of it
-  // each) and the other half of 32 logits, over 1 Gbit/s.
-  const double link = 1e9 / 8, net = 5 * 10e-6 + (4 * (2 * 0.5 * 16 * 4) + 0.5 * 32 * 4) / link;
+  // each) and, greedy (--top-k 1, the default), one (f32, i32) pair of logits to the
+  // other node, over 1 Gbit/s.
+  const double link = 1e9 / 8, wire = 4 * (2 * 0.5 * 16 * 4) + 8, net = 5 * 10e-6 + wire / link;
+  EXPECT_NEAR(tp1["wire_bytes_per_step"].get<double>(), wire, 1e-9);
   EXPECT_NEAR(tp1["net_s"].get<double>(), net, 1e-12);
+  // --top-k 0 (logprobs, penalties): the node's half of the 32 logits instead.
+  const auto whole = plan(tmp.path(), base + " --top-k 0");
+  EXPECT_NEAR(whole["layouts"][2]["one_conversation"]["wire_bytes_per_step"].get<double>(),
+              4 * (2 * 0.5 * 16 * 4) + 0.5 * 32 * 4, 1e-9);
+  // Replicated: the slot gather sends this node's half of the 2 k-slot f32 rows, per MoE layer.
+  EXPECT_NEAR(L[1]["one_conversation"]["wire_bytes_per_step"].get<double>(), 2 * (0.5 * 2 * 16 * 4), 1e-9);
   EXPECT_NEAR(tp1["tokens_per_s"].get<double>(), 1 / (tp1["bytes_read_per_step"].get<double>() / 1e9 + net), 1e-6);
   // 2 heads do not split 3 ways: no attention-TP layout there, and the fastest is another.
   const auto j3 = plan(tmp.path(), "--nodes 3 --mem-per-node 1 --mem-bw 1 --net-gbps 1 --net-latency-us 10");
