@@ -147,6 +147,28 @@ TEST(ModelReads, InspectPlanIsWhatEachRankReads) {
       for (const auto& l : j["loads"]) EXPECT_EQ(l["bytes_read"], l["planned_bytes"]) << l.dump();
       runs[{ep, tp}] = j;
     }
+    // --attn-tp 2: each rank reads half the attention, shared experts, dense MLPs and
+    // lm_head, and the same routed experts as --ep 2.
+    test::TempDir d;
+    std::string log;
+    const ModelConfig c = model_config_from_hf(Checkpoint::open(dir).config());
+    if (c.n_heads % 2 == 0) {
+      ASSERT_EQ(test::run_command(fmt::format("{} inspect --model {} --attn-tp 2 --load --all-ranks --json {}",
+                                              MOE_EP_BINARY, dir, d / "a.json"),
+                                  &log),
+                0)
+          << log;
+      EXPECT_NE(log.find("read plan for --ep 2 --attn-tp 2"), std::string::npos) << log;
+      std::ifstream in(d / "a.json");
+      const nlohmann::json j = nlohmann::json::parse(in);
+      ASSERT_EQ(j["loads"].size(), 2u);
+      for (const auto& l : j["loads"]) EXPECT_EQ(l["bytes_read"], l["planned_bytes"]) << l.dump();
+      const auto& ep2 = runs[std::make_pair(2, 1)]["ranks"];
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(j["ranks"][r]["expert_bytes"], ep2[r]["expert_bytes"]);
+        EXPECT_LT(j["ranks"][r]["non_expert_bytes"].get<uint64_t>(), ep2[r]["non_expert_bytes"].get<uint64_t>());
+      }
+    }
     for (int ep : {1, 2}) {
       const auto& one = runs[{ep, 1}]["ranks"];
       const auto& two = runs[{ep, 2}]["ranks"];

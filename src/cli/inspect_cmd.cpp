@@ -32,6 +32,7 @@ namespace {
 struct InspectOptions {
   std::string model_dir;
   int ep = 1, tp = 1;
+  int attn_tp = 1;  // --attn-tp: attention, KV, shared experts, dense MLPs and lm_head split over the EP group
   bool strict = false;
   bool load = false;
   bool all_ranks = false;
@@ -65,10 +66,14 @@ LoadResult load_rank(const InspectOptions& o, const ModelConfig& c, const RankPl
   opt.expert_end = p.expert_end;
   opt.tp_rank = p.tp_rank;
   opt.tp_size = o.tp;
+  opt.mlp_tp_rank = o.attn_tp > 1 ? p.rank : 0;
+  opt.mlp_tp_size = o.attn_tp;
   opt.strict = o.strict;
   opt.warn = [](const std::string&) {};  // reported once by the check above
   opt.progress = &progress;
-  load_share(ck, c.moe, model_reads(c, p.tp_rank, o.tp), opt, !o.no_pack);
+  const std::vector<TensorRead> reads =
+      o.attn_tp > 1 ? model_reads(c, p.rank, o.attn_tp, /*vocab_parallel=*/true) : model_reads(c, p.tp_rank, o.tp);
+  load_share(ck, c.moe, reads, opt, !o.no_pack);
   progress.finish();
   LoadResult r;
   r.rank = p.rank;
@@ -78,7 +83,9 @@ LoadResult load_rank(const InspectOptions& o, const ModelConfig& c, const RankPl
   return r;
 }
 
-int run_inspect(const InspectOptions& o) {
+int run_inspect(const InspectOptions& opts) {
+  InspectOptions o = opts;
+  if (o.attn_tp > 1 && o.ep == 1) o.ep = o.attn_tp;  // as the model verbs: --attn-tp N alone means --ep N
   Checkpoint ck = Checkpoint::open(o.model_dir);
   ModelConfig c;
   try {
@@ -100,8 +107,10 @@ int run_inspect(const InspectOptions& o) {
   for (const auto& p : problems) (p.kind == TensorProblem::Unexpected ? n_unexpected : n_errors)++;
   // The plan enumerates experts: only once the routers have proved E against the file.
   const std::vector<RankPlan> plans =
-      n_errors == 0 ? read_plan(ck, cfg, inv, o.ep, o.tp, compute,
-                                [&](int tp_rank, int tp) { return model_reads(c, tp_rank, tp); })
+      n_errors == 0 ? read_plan(
+                          ck, cfg, inv, o.ep, o.tp, compute,
+                          [&](int rank, int n) { return model_reads(c, rank, n, /*vocab_parallel=*/o.attn_tp > 1); },
+                          o.attn_tp)
                     : std::vector<RankPlan>{};
 
   int64_t n_moe = 0;
@@ -123,10 +132,17 @@ int run_inspect(const InspectOptions& o) {
   for (const auto& [kind, t] : inv.kinds)
     fmt::print("    {:<16} {:>8} {:>14} {:>6.1f}%\n", tensor_kind_name(kind), t.count, gb(t.bytes),
                inv.tensor_bytes ? 100.0 * t.bytes / inv.tensor_bytes : 0.0);
-  fmt::print("  read plan for --ep {} --tp {} ({} rank{}; attention heads and each expert's I split over --tp, the "
-             "other non-expert tensors replicated; experts at --dtype {} in memory, int4 ones (GPTQ, AWQ, "
-             "compressed-tensors, GGUF Q4_0) in int4):\n",
-             o.ep, o.tp, plans.size(), plans.size() == 1 ? "" : "s", dtype_name(compute));
+  if (o.attn_tp > 1)
+    fmt::print("  read plan for --ep {} --attn-tp {} ({} rank{}; attention heads, shared experts, dense MLPs and "
+               "lm_head's vocabulary split over the {} ranks, routed experts whole on their EP rank, embeddings "
+               "and routers whole; experts at --dtype {} in memory, int4 ones (GPTQ, AWQ, compressed-tensors, GGUF "
+               "Q4_0) in int4):\n",
+               o.ep, o.attn_tp, plans.size(), plans.size() == 1 ? "" : "s", o.attn_tp, dtype_name(compute));
+  else
+    fmt::print("  read plan for --ep {} --tp {} ({} rank{}; attention heads and each expert's I split over --tp, the "
+               "other non-expert tensors replicated; experts at --dtype {} in memory, int4 ones (GPTQ, AWQ, "
+               "compressed-tensors, GGUF Q4_0) in int4):\n",
+               o.ep, o.tp, plans.size(), plans.size() == 1 ? "" : "s", dtype_name(compute));
   fmt::print("    {:>4} {:>3} {:>3} {:>12} {:>12} {:>12} {:>12} {:>7} {:>14}\n", "rank", "ep", "tp", "experts",
              "non-expert", "experts", "read", "of file", "expert memory");
   const size_t shown = std::min<size_t>(plans.size(), 16);
@@ -179,7 +195,7 @@ int run_inspect(const InspectOptions& o) {
                   {"tensors", inv.n_tensors}, {"tensor_bytes", inv.tensor_bytes}};
     auto& kinds = j["kinds"] = nlohmann::ordered_json::object();
     for (const auto& [kind, t] : inv.kinds) kinds[tensor_kind_name(kind)] = {{"count", t.count}, {"bytes", t.bytes}};
-    j["layout"] = {{"ep", o.ep}, {"tp", o.tp}, {"dtype", dtype_name(compute)}};
+    j["layout"] = {{"ep", o.ep}, {"tp", o.tp}, {"attn_tp", o.attn_tp}, {"dtype", dtype_name(compute)}};
     auto& pj = j["ranks"] = nlohmann::ordered_json::array();
     for (const RankPlan& p : plans)
       pj.push_back({{"rank", p.rank}, {"ep_rank", p.ep_rank}, {"tp_rank", p.tp_rank},
@@ -229,6 +245,11 @@ std::vector<Verb> add_inspect_verbs(CLI::App& app) {
   c->add_option("--tp", o->tp,
                 "Tensor-parallel size to plan for (splits the attention heads and each expert's I, as the model "
                 "verbs' --tp does)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  c->add_option("--attn-tp", o->attn_tp,
+                "Attention-TP size to plan for over the EP group (the model verbs' --attn-tp: heads, KV, shared "
+                "experts, dense MLPs and lm_head's vocabulary split N ways; sets --ep N when --ep is not given)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   c->add_flag("--strict", o->strict, "Unexpected tensors (keys the model does not read) are errors");

@@ -86,15 +86,20 @@ int64_t layer_of_key(const std::string& k) {
 }  // namespace
 
 std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, const Inventory& inv, int ep, int tp,
-                                DType compute, const NonMlpReads& non_mlp) {
+                                DType compute, const NonMlpReads& non_mlp, int attn_tp) {
   MOE_CHECK(ep >= 1 && tp >= 1, "--ep and --tp must be positive (got --ep {} --tp {})", ep, tp);
+  MOE_CHECK(attn_tp == 1 || (tp == 1 && ep == attn_tp),
+            "--attn-tp {} splits attention over the EP group: it needs --ep {} and --tp 1 (got --ep {} --tp {})",
+            attn_tp, attn_tp, ep, tp);
   MOE_CHECK(ep <= cfg.n_experts, "--ep {} exceeds the {} routed experts", ep, cfg.n_experts);
   MOE_CHECK(cfg.moe_intermediate_size % tp == 0, "--tp {} does not divide the experts' moe_intermediate_size {}", tp,
             cfg.moe_intermediate_size);
-  // What a rank reads outside the MLP blocks depends on its TP rank only.
-  std::vector<uint64_t> non_mlp_bytes(tp);
-  for (int t = 0; t < tp; ++t)
-    for (const TensorRead& r : non_mlp(t, tp)) non_mlp_bytes[t] += read_bytes(ck, r);
+  // What a rank reads outside the MLP blocks depends on its rank in the attention group
+  // only: its TP rank, or under --attn-tp the rank itself.
+  const int groups = std::max(tp, attn_tp);
+  std::vector<uint64_t> non_mlp_bytes(groups);
+  for (int t = 0; t < groups; ++t)
+    for (const TensorRead& r : non_mlp(t, groups)) non_mlp_bytes[t] += read_bytes(ck, r);
   std::vector<RankPlan> plans;
   for (int r = 0; r < ep * tp; ++r) {
     RankPlan p;
@@ -104,13 +109,16 @@ std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, cons
     // Placement::contiguous's blocks, by arithmetic (no per-expert table).
     p.expert_begin = p.ep_rank * cfg.n_experts / ep;
     p.expert_end = (p.ep_rank + 1) * cfg.n_experts / ep;
-    p.non_expert_bytes = non_mlp_bytes[p.tp_rank];
+    const int attn_rank = attn_tp > 1 ? r : p.tp_rank;
+    p.non_expert_bytes = non_mlp_bytes[attn_rank];
     p.header_bytes = inv.header_bytes;
     MlpLoadOptions opt;
     opt.expert_begin = p.expert_begin;
     opt.expert_end = p.expert_end;
     opt.tp_rank = p.tp_rank;
     opt.tp_size = tp;
+    opt.mlp_tp_rank = attn_tp > 1 ? attn_rank : 0;
+    opt.mlp_tp_size = attn_tp;
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
       bool fp8 = false;  // FP8 experts computed in bf16 stay e4m3: 1 byte per weight
       int64_t int4_group = 0;  // int4 experts (GPTQ / AWQ / compressed-tensors, GGUF Q4_0) stay int4

@@ -55,9 +55,11 @@ struct RankPlan {
 using NonMlpReads = std::function<std::vector<TensorRead>(int tp_rank, int tp)>;
 // The plan for world = ep * tp ranks (contiguous expert blocks, as Placement::contiguous),
 // every byte counted as load_sharded reads it. Throws if tp does not divide the
-// experts' I (or a tensor that --tp slices).
+// experts' I (or a tensor that --tp slices). attn_tp > 1 (--attn-tp, which needs
+// ep = attn_tp and tp = 1): rank r reads non_mlp(r, attn_tp) and its 1/attn_tp of the
+// shared experts and dense MLPs (MlpLoadOptions::mlp_tp_*).
 std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, const Inventory& inv, int ep, int tp,
-                                DType compute, const NonMlpReads& non_mlp);
+                                DType compute, const NonMlpReads& non_mlp, int attn_tp = 1);
 
 // Every problem of the checkpoint, headers only: each missing / mis-shaped / wrong-
 // dtype tensor of `non_mlp` (the reads outside the MLP blocks) and of every layer's

@@ -60,12 +60,13 @@ struct LoadBytes {
   std::vector<uint64_t> layer, mlp;
 };
 
-LoadBytes load_bytes(const Checkpoint& ck, const ModelConfig& c, int tp_rank, int tp, const MlpLoadOptions& lo,
-                     const std::function<double(int64_t)>& expert_share, bool experts_from_ck) {
+LoadBytes load_bytes(const Checkpoint& ck, const ModelConfig& c, int tp_rank, int tp, bool vocab_parallel,
+                     const MlpLoadOptions& lo, const std::function<double(int64_t)>& expert_share,
+                     bool experts_from_ck) {
   LoadBytes b;
   b.layer.assign(c.n_layers, 0);
   b.mlp.assign(c.n_layers, 0);
-  for (const TensorRead& r : model_reads(c, tp_rank, tp)) {
+  for (const TensorRead& r : model_reads(c, tp_rank, tp, vocab_parallel)) {
     const uint64_t n = read_bytes(ck, r);
     (r.layer >= 0 && r.layer < c.n_layers ? b.layer[r.layer] : b.outside) += n;
     b.total += n;
@@ -190,7 +191,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   lo0.mlp_tp_rank = m->attn_tp_ ? attn_rank : 0;
   lo0.mlp_tp_size = m->attn_tp_ ? attn : 1;
   const LoadBytes lb = load_bytes(
-      ck, c, attn_rank, attn, lo0,
+      ck, c, attn_rank, attn, m->attn_tp_ != nullptr, lo0,
       [&](int64_t l) {
         return multi ? static_cast<double>(placements.layer(l).rank_experts(m->groups_->ep_rank()).size()) /
                            static_cast<double>(std::max<int64_t>(1, c.moe.n_experts))

@@ -32,10 +32,11 @@ TensorRead post_attn_norm_read(const ModelConfig& c, int64_t l) {
   return norm_read(ModelKeys().post_attn_norm(l), c.hidden_size, l);
 }
 
-std::vector<TensorRead> model_reads(const ModelConfig& c, int tp_rank, int tp) {
+std::vector<TensorRead> model_reads(const ModelConfig& c, int tp_rank, int tp, bool vocab_parallel) {
   const FamilyHooks& fam = find_family(c.model_type);
   std::vector<TensorRead> out = {embed_read(c), final_norm_read(c)};
-  if (const auto lm = lm_head_read(c)) out.push_back(lm->weight);
+  if (const auto lm = vocab_parallel ? lm_head_read(c, vocab_range(c.vocab_size, tp_rank, tp)) : lm_head_read(c))
+    out.push_back(lm->weight);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     out.push_back(input_norm_read(c, l));
     out.push_back(post_attn_norm_read(c, l));

@@ -30,7 +30,8 @@ TensorRead post_attn_norm_read(const ModelConfig& c, int64_t layer);  // [H]
 
 // All of the above plus every layer's attention (attention_reads) on TP rank
 // `tp_rank` of `tp`, in the order Model::load reads them. Throws if tp does not divide
-// the attention heads.
-std::vector<TensorRead> model_reads(const ModelConfig& c, int tp_rank, int tp);
+// the attention heads. vocab_parallel (--attn-tp): lm_head's rows
+// vocab_range(V, tp_rank, tp) only.
+std::vector<TensorRead> model_reads(const ModelConfig& c, int tp_rank, int tp, bool vocab_parallel = false);
 
 }  // namespace moe

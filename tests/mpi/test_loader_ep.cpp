@@ -35,10 +35,10 @@ struct Bytes {
   uint64_t read = 0, bound = 0, planned = 0;
 };
 
-// Loads this rank's share of the whole model for --ep ep --tp tp as the model does
-// (loader/inventory.h load_share) on a fresh Checkpoint; returns the bytes read, the
-// bound and the plan.
-Bytes load_rank_share(const std::string& dir, int ep, int tp) {
+// Loads this rank's share of the whole model for --ep ep --tp tp [--attn-tp ep] as the
+// model does (loader/inventory.h load_share) on a fresh Checkpoint; returns the bytes
+// read, the bound and the plan.
+Bytes load_rank_share(const std::string& dir, int ep, int tp, int attn_tp = 1) {
   const int rank = world().rank(), ep_rank = rank / tp, tp_rank = rank % tp;
   Checkpoint ck = Checkpoint::open(dir);
   const ModelConfig c = model_config_from_hf(ck.config());
@@ -49,7 +49,10 @@ Bytes load_rank_share(const std::string& dir, int ep, int tp) {
   o.expert_end = pl.end(ep_rank);
   o.tp_rank = tp_rank;
   o.tp_size = tp;
-  const std::vector<TensorRead> non_mlp = model_reads(c, tp_rank, tp);
+  o.mlp_tp_rank = attn_tp > 1 ? rank : 0;
+  o.mlp_tp_size = attn_tp;
+  const std::vector<TensorRead> non_mlp =
+      attn_tp > 1 ? model_reads(c, rank, attn_tp, /*vocab_parallel=*/true) : model_reads(c, tp_rank, tp);
   load_share(ck, cfg, non_mlp, o, /*pack=*/true);
   Bytes b;
   b.read = ck.bytes_touched() + ck.header_bytes_opened();
@@ -77,17 +80,22 @@ Bytes load_rank_share(const std::string& dir, int ep, int tp) {
     }
   b.bound = non_expert + experts * static_cast<uint64_t>(pl.n_local(ep_rank)) / cfg.n_experts / tp + scales +
             inv.header_bytes;
-  b.planned = read_plan(fresh, cfg, inv, ep, tp, DType::F32,
-                        [&](int t, int n) { return model_reads(c, t, n); })[rank]
+  b.planned = read_plan(
+                  fresh, cfg, inv, ep, tp, DType::F32,
+                  [&](int t, int n) { return model_reads(c, t, n, /*vocab_parallel=*/attn_tp > 1); }, attn_tp)[rank]
                   .read_bytes();
   return b;
 }
 
-// The layouts of R ranks: --ep R, and --ep R/2 --tp 2 when R is even.
-std::vector<std::pair<int, int>> layouts() {
+// The layouts of R ranks: --ep R, --ep R/2 --tp 2 when R is even, and --ep R --attn-tp R.
+struct LoadLayout {
+  int ep, tp, attn_tp;
+};
+std::vector<LoadLayout> layouts() {
   const int R = world().size();
-  std::vector<std::pair<int, int>> out = {{R, 1}};
-  if (R % 2 == 0) out.push_back({R / 2, 2});
+  std::vector<LoadLayout> out = {{R, 1, 1}};
+  if (R % 2 == 0) out.push_back({R / 2, 2, 1});
+  if (R > 1) out.push_back({R, 1, R});
   return out;
 }
 
@@ -96,10 +104,16 @@ TEST(LoaderEp, EachRankReadsOnlyItsExpertsOnEveryFixture) {
   const nlohmann::json m = nlohmann::json::parse(in);
   for (const auto& f : m) {
     const std::string dir = std::string(MOE_FIXTURES_DIR) + "/" + f["name"].get<std::string>();
-    for (const auto& [ep, tp] : layouts()) {
+    for (const auto& [ep, tp, attn_tp] : layouts()) {
       if (f["n_experts"].get<int>() < ep) continue;
-      SCOPED_TRACE(fmt::format("{} --ep {} --tp {}", dir, ep, tp));
-      const Bytes b = load_rank_share(dir, ep, tp);
+      if (attn_tp > 1) {
+        const ModelConfig c = model_config_from_hf(Checkpoint::open(dir).config());
+        const bool fits = c.n_heads % attn_tp == 0 &&
+                          (c.attention == AttentionKind::Mla || c.n_kv_heads % attn_tp == 0 || attn_tp % c.n_kv_heads == 0);
+        if (!fits) continue;
+      }
+      SCOPED_TRACE(fmt::format("{} --ep {} --tp {} --attn-tp {}", dir, ep, tp, attn_tp));
+      const Bytes b = load_rank_share(dir, ep, tp, attn_tp);
       EXPECT_LE(b.read, b.bound);
       EXPECT_EQ(b.read, b.planned);  // `inspect` predicts exactly what the loader reads
     }
@@ -174,7 +188,8 @@ TEST(LoaderEp, GeneratedShardedCheckpointMixedLayoutsQuarterOfExpertBytes) {
     std::snprintf(path, sizeof path, "%s", tmpl.c_str());
   }
   world().broadcast(path, sizeof path, 0);
-  for (const auto& [ep, tp] : layouts()) {
+  for (const auto& [ep, tp, attn_tp] : layouts()) {
+    if (attn_tp > 1) continue;  // the bound below is the for --ep / --tp; attention TP is checked above
     SCOPED_TRACE(fmt::format("--ep {} --tp {}", ep, tp));
     const Bytes b = load_rank_share(path, ep, tp);
     EXPECT_LE(b.read, b.bound);
