@@ -173,6 +173,13 @@ TEST(GgufCheckpoint, QuantisedTypesGiveGgufPysDequantisedValues) {
   }
   // The quantised bytes are what is counted as read, not 4 bytes per value.
   EXPECT_LT(g.bytes_touched(), r.bytes_touched() / 3);
+  // The model keeps the Q8_0 token_embd as its blocks (the logits above went through
+  // them): 34 bytes per 32 weights, not an f32 copy.
+  const TensorInfo& e = g.info("model.embed_tokens.weight");
+  ASSERT_TRUE(e.quantized());
+  auto m = load(path, DType::BF16, false);
+  EXPECT_EQ(m->embedding_bytes(), e.nbytes);
+  EXPECT_EQ(e.nbytes, static_cast<uint64_t>(e.shape[0] * e.shape[1] / 32 * 34));
 }
 
 // Q4_0 experts load into W4A8 int4 with no loss: every local expert's (u - z) * s is

@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "loader/checkpoint.h"
 #include "loader/fp8_weights.h"
+#include "loader/gguf/gguf_types.h"
 #include "loader/inventory.h"
 #include "loader/moe_weights.h"
 #include "loader/progress.h"
@@ -203,9 +204,26 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
                     lb.total, !multi || opt.world->rank() == 0);
 
   // The weights outside the MLP blocks, as model/weights.h describes them.
-  // A view of the mapping (rows are converted per token); FP8 (no release quantises it,
-  // but a checkpoint may): dequantised at load.
-  m->embed_ = is_fp8_weight(ck, embed_read(c).key) ? load_f32(ck, embed_read(c)) : load_sharded(ck, embed_read(c));
+  // A view of the mapping (rows are converted per token). A GGUF quantised token_embd
+  // (Q8_0, Q4_K, ...) stays its blocks, each row dequantised when a token needs it:
+  // bit for bit the values of a dequantised copy, without the copy (V x H x 4 bytes:
+  // 1.2 GB for Qwen3-30B-A3B). Tied to lm_head it is dequantised at load instead, as
+  // lm_head's Linear packs it. FP8 (no release quantises it, but a checkpoint may):
+  // dequantised at load.
+  const TensorRead er = embed_read(c);
+  if (const TensorInfo& ei = ck.info(er.key); ei.quantized() && !c.tie_embeddings) {
+    MOE_CHECK(ei.shape == er.shape, "{}: {} has shape {}, the config says {}", dir, er.key, shape_str(ei.shape),
+              shape_str(er.shape));
+    const auto t = static_cast<gguf::GgmlType>(ei.ggml_type);
+    m->embed_ = ck.view_raw(er.key);
+    m->embed_ggml_ = ei.ggml_type;
+    m->embed_row_bytes_ = gguf::ggml_row_bytes(t, c.hidden_size);
+    MOE_CHECK(m->embed_.nbytes() == static_cast<size_t>(c.vocab_size) * m->embed_row_bytes_,
+              "{}: {} holds {} bytes, {} rows of {} {} weights need {}", dir, er.key, m->embed_.nbytes(),
+              c.vocab_size, c.hidden_size, gguf::ggml_type_name(t), c.vocab_size * m->embed_row_bytes_);
+  } else {
+    m->embed_ = is_fp8_weight(ck, er.key) ? load_f32(ck, er) : load_sharded(ck, er);
+  }
   m->final_norm_ = load_f32(ck, final_norm_read(c));
   LinearOptions lin(opt.quantize_linears ? DType::I8 : opt.dtype);
   if (opt.quantize_linears_w4a8) lin.int4_group = opt.int4_group;
@@ -409,8 +427,13 @@ Tensor Model::forward(const StepBatch& b) {
   for (int64_t t = 0; t < T; ++t) {
     const int32_t id = b.tokens[t];
     MOE_CHECK(id >= 0 && id < V, "token id {} is out of vocabulary (vocab_size {})", id, V);
-    convert_to_f32(static_cast<const char*>(embed_.raw()) + static_cast<size_t>(id) * H * esz, embed_.dtype(),
-                   hp + t * H, H);
+    if (embed_ggml_ >= 0)
+      gguf::dequantize_row(static_cast<gguf::GgmlType>(embed_ggml_),
+                           static_cast<const char*>(embed_.raw()) + static_cast<size_t>(id) * embed_row_bytes_,
+                           hp + t * H, H);
+    else
+      convert_to_f32(static_cast<const char*>(embed_.raw()) + static_cast<size_t>(id) * H * esz, embed_.dtype(),
+                     hp + t * H, H);
   }
   rope_.tables(b.positions.data(), T, rope_tab_);
   const Tensor& xn = step_buffer(step_xn_, T, H);

@@ -136,6 +136,9 @@ class Model {
   // online rebalancing did (nullptr without --eplb-interval).
   const Placement& placement(int64_t l) const;
   const EplbReport* eplb_report() const { return eplb_ ? &eplb_->report() : nullptr; }
+  // Bytes the token embedding holds: the checkpoint's (a view, or a GGUF quantised
+  // tensor's blocks) unless it had to be converted at load.
+  size_t embedding_bytes() const { return embed_.nbytes(); }
   // Turns the expert load counting of ModelOptions::count_experts on or off.
   void set_count_experts(bool on) { opt_.count_experts = on; }
 
@@ -162,7 +165,9 @@ class Model {
   Communicator* tp_ = nullptr;  // attention TP group (size par.tp or par.attn_tp), nullptr if 1
   Communicator* attn_tp_ = nullptr;  // --attn-tp: that group, which also splits MLPs and vocab
   std::pair<int64_t, int64_t> vocab_;  // lm_head rows this rank holds [first, second)
-  Tensor embed_;                 // [V, H] checkpoint dtype (view of the mapping)
+  Tensor embed_;                 // [V, H] checkpoint dtype (view of the mapping), or U8 blocks (below)
+  int32_t embed_ggml_ = -1;      // >= 0: embed_ is a GGUF quantised token_embd of this ggml type, V rows
+  uint64_t embed_row_bytes_ = 0;  // of embed_row_bytes_ bytes each, dequantised per token
   Tensor final_norm_;            // f32 [H]
   Linear lm_head_;               // [V, H], or this rank's [V_r, H] under --attn-tp
   std::vector<DecoderLayer> layers_;
