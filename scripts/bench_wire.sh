@@ -8,7 +8,10 @@
 #     --layers N       bench-model --layers (every layer MoE), default 2
 #     --vocab V        bench-model --vocab, default 32000
 #     --steps "A B"    two --decode-steps values, default "4 20"
-#     --top-k K        plan --top-k (bench-model decodes greedily: 1), default 1
+#     --top-k K        plan --top-k (both runs below decode greedily: 1), default 1
+#     --model DIR      run `moe-ep generate` on this checkpoint instead of bench-model's
+#                      generated model (e.g. a DeepSeek-V3-structured one from
+#                      tools/gen_big_checkpoint.cpp --deepseek-v3); --layers/--vocab unused
 #     --out FILE       also write the table here
 #
 # What is measured: every test host's net0 transmit counter (bytes leaving the host:
@@ -22,13 +25,16 @@
 #
 # bench-model builds a Qwen3-30B-A3B-shaped model (H 2048, 128 experts, top-8) with
 # random bf16 weights; the plan reads docs/examples/qwen3_30b_a3b with the same layers
-# and vocabulary.
+# and vocabulary. With --model, `generate --max-new-tokens A+1` and `B+1` (A and B
+# decode steps after the prefill) run on the checkpoint, and the plan reads its
+# config.json; generate also all-reduces one float (are any sequences left?) and
+# broadcasts the step's tokens each step, which the plan does not count.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$here/.."
 bin="${MOE_EP:-$root/build/moe-ep}"
 bed="$here/netbed.sh"
-hosts_list="2 4" layers=2 vocab=32000 steps="4 20" top_k=1 out=""
+hosts_list="2 4" layers=2 vocab=32000 steps="4 20" top_k=1 out="" model=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts_list=$2; shift 2 ;;
@@ -36,6 +42,7 @@ while [ $# -gt 0 ]; do
     --vocab) vocab=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --top-k) top_k=$2; shift 2 ;;
+    --model) model=$(readlink -f "$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) sed -n '2,25p' "$0"; exit 2 ;;
   esac
@@ -49,9 +56,18 @@ bash "$bed" check || exit $?
 tmp=$(mktemp -d)
 id=""
 trap '[ -n "$id" ] && bash "$bed" down "$id"; rm -rf "$tmp"' EXIT
-mkdir "$tmp/model"
-jq --argjson l "$layers" --argjson v "$vocab" '.num_hidden_layers = $l | .vocab_size = $v' \
-  "$root/docs/examples/qwen3_30b_a3b/config.json" >"$tmp/model/config.json"
+if [ -n "$model" ]; then
+  [ -f "$model/config.json" ] || { echo "bench_wire: --model $model has no config.json"; exit 1; }
+  plan_model=$model
+else
+  plan_model=$tmp/model
+  mkdir "$plan_model"
+  jq --argjson l "$layers" --argjson v "$vocab" '.num_hidden_layers = $l | .vocab_size = $v' \
+    "$root/docs/examples/qwen3_30b_a3b/config.json" >"$plan_model/config.json"
+fi
+# Decode steps per run of `steps` (bench-model: its untimed pass and one timed pass).
+per_run=2
+[ -n "$model" ] && per_run=1
 
 tx() {  # tx <hosts>: every test host's net0 transmit bytes, one line
   local i
@@ -64,10 +80,13 @@ run() {
   shift 2
   local before after
   before=$(tx "$n")
-  OMP_NUM_THREADS=1 timeout -k 5 900 bash "$bed" mpirun "$id" "$n" 1 -x OMP_NUM_THREADS -- "$bin" bench-model \
-    --layers "$layers" --vocab "$vocab" --prefill 8 --decode-batch 1 --decode-context 16 --decode-steps "$st" \
-    --repeats 1 --skip-check --comm-timeout 300 "$@" >"$tmp/run.log" 2>&1 ||
-    { echo "bench_wire: bench-model failed ($n hosts, $*):" >&2; tail -5 "$tmp/run.log" >&2; return 1; }
+  local cmd=("$bin" bench-model --layers "$layers" --vocab "$vocab" --prefill 8 --decode-batch 1 --decode-context 16
+             --decode-steps "$st" --repeats 1 --skip-check)
+  [ -n "$model" ] && cmd=("$bin" generate --model "$model" --prompt-ids 1,2,3,4,5,6,7,8 --max-new-tokens $((st + 1))
+                          --ignore-eos --quiet)
+  OMP_NUM_THREADS=1 timeout -k 5 900 bash "$bed" mpirun "$id" "$n" 1 -x OMP_NUM_THREADS -- "${cmd[@]}" \
+    --comm-timeout 300 "$@" >"$tmp/run.log" 2>&1 ||
+    { echo "bench_wire: ${cmd[1]} failed ($n hosts, $*):" >&2; tail -5 "$tmp/run.log" >&2; return 1; }
   after=$(tx "$n")
   paste -d' ' <(tr ' ' '\n' <<<"$before") <(tr ' ' '\n' <<<"$after") | awk '{print $2 - $1}' | paste -sd' '
 }
@@ -79,7 +98,7 @@ table="$tmp/table.md"
 } >"$table"
 for n in $hosts_list; do
   id=$(bash "$bed" up "$n")
-  "$bin" plan --model "$tmp/model" --nodes "$n" --batch 1 --context 64 --mem-per-node 1000 --mem-bw 100 \
+  "$bin" plan --model "$plan_model" --nodes "$n" --batch 1 --context 64 --mem-per-node 1000 --mem-bw 100 \
     --net-gbps 10 --net-latency-us 10 --top-k "$top_k" --json >"$tmp/plan.json"
   for layout in replicated attn-tp; do
     flags=(--ep "$n")
@@ -87,7 +106,7 @@ for n in $hosts_list; do
     a=$(run "$n" "$s1" "${flags[@]}")
     b=$(run "$n" "$s2" "${flags[@]}")
     per=$(paste -d' ' <(tr ' ' '\n' <<<"$a") <(tr ' ' '\n' <<<"$b") |
-      awk -v d=$((2 * (s2 - s1))) '{print ($2 - $1) / d}' | paste -sd' ')
+      awk -v d=$((per_run * (s2 - s1))) '{print ($2 - $1) / d}' | paste -sd' ')
     plan=$(jq -r --arg l "$layout" '.layouts[] | select(.layout == $l) | .one_conversation.wire_bytes_per_step' "$tmp/plan.json")
     awk -v per="$per" -v plan="$plan" -v n="$n" -v l="$layout" 'BEGIN {
       k = split(per, v, " "); s = 0; lo = v[1]; hi = v[1]

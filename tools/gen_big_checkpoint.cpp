@@ -4,8 +4,15 @@
 // against an independent writer too.
 //
 //   g++ -O2 -std=c++20 -o /tmp/gen_big_checkpoint tools/gen_big_checkpoint.cpp
-//   /tmp/gen_big_checkpoint /tmp/moe_big [layers=4] [experts=64] [hidden=2048] [moe_I=768] [fused=0] [vocab=4096]
-//                           [heads=16] [kv_heads=4] [head_dim=hidden/heads]
+//   /tmp/gen_big_checkpoint [--deepseek-v3] /tmp/moe_big [layers=4] [experts=64] [hidden=2048] [moe_I=768]
+//                           [fused=0] [vocab=4096] [heads=16] [kv_heads=4] [head_dim=hidden/heads]
+//
+// --deepseek-v3: a deepseek_v3 checkpoint of DeepSeek-V3's structure at these widths
+// (scripts/bench_wire.sh measures its traffic): MLA attention with V3's own ranks and
+// head dims (q_lora 1536, kv_lora 512, qk_nope 128, qk_rope 64, v 128; `heads` query
+// heads, kv_heads and head_dim unused), layer 0 a dense MLP of 4 moe_I, the others
+// `experts` routed experts (sigmoid scores, correction bias, 8 groups, top-4 groups,
+// top-8) plus one shared expert of moe_I; per-expert tensors (fused unused).
 //
 // Qwen3-30B-A3B's attention is 32 query heads and 4 KV heads of 128 (q_proj 4096 x 2048,
 // so head_dim is not hidden/heads): `... 4 128 2048 768 0 VOCAB 32 4 128` writes it.
@@ -97,6 +104,11 @@ void write_shard(const std::string& path, const std::vector<Entry>& entries) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool deepseek = argc > 1 && std::string(argv[1]) == "--deepseek-v3";
+  if (deepseek) {
+    --argc;
+    ++argv;
+  }
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: %s DIR [layers=4] [experts=64] [hidden=2048] [moe_I=768] [fused=0] [vocab=4096] "
@@ -110,6 +122,10 @@ int main(int argc, char** argv) {
   const bool fused = argc > 6 && std::atoi(argv[6]) != 0;
   const int64_t V = argc > 7 ? std::atoll(argv[7]) : 4096, heads = argc > 8 ? std::atoll(argv[8]) : 16,
                 kv_heads = argc > 9 ? std::atoll(argv[9]) : 4, hd = argc > 10 ? std::atoll(argv[10]) : H / heads;
+  if (deepseek && E % 8 != 0) {
+    std::fprintf(stderr, "--deepseek-v3: experts (%lld) must divide into DeepSeek-V3's 8 routing groups\n", (long long)E);
+    return 2;
+  }
   if (L < 1 || E < 1 || H < 1 || I < 1 || V < 1 || heads < 1 || kv_heads < 1 || hd < 1 || heads % kv_heads != 0) {
     std::fprintf(stderr, "every size must be >= 1 and heads (%lld) a multiple of kv_heads (%lld)\n", (long long)heads,
                  (long long)kv_heads);
@@ -128,6 +144,36 @@ int main(int argc, char** argv) {
     std::vector<Entry> es;
     if (s == static_cast<int>(L)) {
       es = {{"model.embed_tokens.weight", {V, H}}, {"lm_head.weight", {V, H}}, {"model.norm.weight", {H}}};
+    } else if (deepseek) {
+      // DeepSeek-V3's MLA ranks and head dims (its config.json).
+      const int64_t q_lora = 1536, kv_lora = 512, nope = 128, rope = 64, vd = 128;
+      const std::string p = "model.layers." + std::to_string(s) + ".";
+      es.push_back({p + "input_layernorm.weight", {H}});
+      es.push_back({p + "post_attention_layernorm.weight", {H}});
+      es.push_back({p + "self_attn.q_a_proj.weight", {q_lora, H}});
+      es.push_back({p + "self_attn.q_a_layernorm.weight", {q_lora}});
+      es.push_back({p + "self_attn.q_b_proj.weight", {heads * (nope + rope), q_lora}});
+      es.push_back({p + "self_attn.kv_a_proj_with_mqa.weight", {kv_lora + rope, H}});
+      es.push_back({p + "self_attn.kv_a_layernorm.weight", {kv_lora}});
+      es.push_back({p + "self_attn.kv_b_proj.weight", {heads * (nope + vd), kv_lora}});
+      es.push_back({p + "self_attn.o_proj.weight", {H, heads * vd}});
+      if (s == 0) {  // first_k_dense_replace 1
+        es.push_back({p + "mlp.gate_proj.weight", {4 * I, H}});
+        es.push_back({p + "mlp.up_proj.weight", {4 * I, H}});
+        es.push_back({p + "mlp.down_proj.weight", {H, 4 * I}});
+      } else {
+        es.push_back({p + "mlp.gate.weight", {E, H}});
+        es.push_back({p + "mlp.gate.e_score_correction_bias", {E}});
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+          es.push_back({q + "gate_proj.weight", {I, H}});
+          es.push_back({q + "up_proj.weight", {I, H}});
+          es.push_back({q + "down_proj.weight", {H, I}});
+        }
+        es.push_back({p + "mlp.shared_experts.gate_proj.weight", {I, H}});
+        es.push_back({p + "mlp.shared_experts.up_proj.weight", {I, H}});
+        es.push_back({p + "mlp.shared_experts.down_proj.weight", {H, I}});
+      }
     } else {
       const std::string p = "model.layers." + std::to_string(s) + ".";
       es.push_back({p + "input_layernorm.weight", {H}});
@@ -162,6 +208,21 @@ int main(int argc, char** argv) {
   std::fputs(index.c_str(), f);
   std::fclose(f);
   f = std::fopen((dir + "/config.json").c_str(), "w");
+  if (deepseek)
+    std::fprintf(f,
+                 "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", "
+                 "\"hidden_size\": %lld, \"num_hidden_layers\": %lld, \"first_k_dense_replace\": 1, "
+                 "\"intermediate_size\": %lld, \"moe_intermediate_size\": %lld, \"n_routed_experts\": %lld, "
+                 "\"n_shared_experts\": 1, \"num_experts_per_tok\": 8, \"n_group\": 8, \"topk_group\": 4, "
+                 "\"topk_method\": \"noaux_tc\", \"scoring_func\": \"sigmoid\", \"norm_topk_prob\": true, "
+                 "\"routed_scaling_factor\": 2.5, \"num_attention_heads\": %lld, \"num_key_value_heads\": %lld, "
+                 "\"q_lora_rank\": 1536, \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128, "
+                 "\"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"vocab_size\": %lld, \"rms_norm_eps\": 1e-06, "
+                 "\"rope_theta\": 10000, \"max_position_embeddings\": 4096, \"tie_word_embeddings\": false, "
+                 "\"num_nextn_predict_layers\": 0}\n",
+                 (long long)H, (long long)L, (long long)(4 * I), (long long)I, (long long)E, (long long)heads,
+                 (long long)heads, (long long)V);
+  else
   std::fprintf(f,
                "{\"model_type\": \"qwen3_moe\", \"hidden_size\": %lld, \"num_hidden_layers\": %lld, "
                "\"num_experts\": %lld, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": %lld, "
