@@ -80,10 +80,11 @@ run() {
   shift 2
   local before after
   before=$(tx "$n")
+  rm -f "$tmp/run.json"
   local cmd=("$bin" bench-model --layers "$layers" --vocab "$vocab" --prefill 8 --decode-batch 1 --decode-context 16
-             --decode-steps "$st" --repeats 1 --skip-check)
+             --decode-steps "$st" --repeats 1 --skip-check --json "$tmp/run.json")
   [ -n "$model" ] && cmd=("$bin" generate --model "$model" --prompt-ids 1,2,3,4,5,6,7,8 --max-new-tokens $((st + 1))
-                          --ignore-eos --quiet)
+                          --ignore-eos --quiet --output-json "$tmp/run.json")
   OMP_NUM_THREADS=1 timeout -k 5 900 bash "$bed" mpirun "$id" "$n" 1 -x OMP_NUM_THREADS -- "${cmd[@]}" \
     --comm-timeout 300 "$@" >"$tmp/run.log" 2>&1 ||
     { echo "bench_wire: ${cmd[1]} failed ($n hosts, $*):" >&2; tail -5 "$tmp/run.log" >&2; return 1; }
@@ -93,8 +94,8 @@ run() {
 
 table="$tmp/table.md"
 {
-  echo "| hosts | layout | measured bytes/step/host: mean (min-max) | plan | measured / plan |"
-  echo "|---|---|---|---|---|"
+  echo "| hosts | layout | measured bytes/step/host: mean (min-max) | plan | measured / plan | ms/step on the bed |"
+  echo "|---|---|---|---|---|---|"
 } >"$table"
 for n in $hosts_list; do
   id=$(bash "$bed" up "$n")
@@ -105,14 +106,17 @@ for n in $hosts_list; do
     [ "$layout" = attn-tp ] && flags+=(--attn-tp "$n")
     a=$(run "$n" "$s1" "${flags[@]}")
     b=$(run "$n" "$s2" "${flags[@]}")
+    # The longer run's decode time per step (the hosts share this machine's cores).
+    ms=$(jq -r 'if .decode then .decode[0].ms_per_step else .timings.decode_s / .timings.decode_steps * 1000 end' \
+      "$tmp/run.json")
     per=$(paste -d' ' <(tr ' ' '\n' <<<"$a") <(tr ' ' '\n' <<<"$b") |
       awk -v d=$((per_run * (s2 - s1))) '{print ($2 - $1) / d}' | paste -sd' ')
     plan=$(jq -r --arg l "$layout" '.layouts[] | select(.layout == $l) | .one_conversation.wire_bytes_per_step' "$tmp/plan.json")
-    awk -v per="$per" -v plan="$plan" -v n="$n" -v l="$layout" 'BEGIN {
+    awk -v per="$per" -v plan="$plan" -v n="$n" -v l="$layout" -v ms="$ms" 'BEGIN {
       k = split(per, v, " "); s = 0; lo = v[1]; hi = v[1]
       for (i = 1; i <= k; ++i) { s += v[i]; if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i] }
       m = s / k
-      printf "| %d | %s | %.0f (%.0f-%.0f) | %.0f | %.3f |\n", n, l, m, lo, hi, plan, m / plan }' >>"$table"
+      printf "| %d | %s | %.0f (%.0f-%.0f) | %.0f | %.3f | %.1f |\n", n, l, m, lo, hi, plan, m / plan, ms }' >>"$table"
   done
   bash "$bed" down "$id"
   id=""

@@ -54,7 +54,7 @@ std::string load_spread(const std::vector<std::vector<int64_t>>& load, std::vect
 }
 
 int run_forward(const CommonOpts& o, const std::string& out_path, bool quiet) {
-  Loaded L = load(o, 0, false, "forward " + out_path);
+  Loaded L = load(o, 0, false, "forward " + out_path, {}, [&](ModelOptions& mo) { mo.show_progress = !quiet; });
   const auto t0 = std::chrono::steady_clock::now();
   const Tensor logits = prefill_logits(*L.model, L.prompts);
   const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -128,7 +128,7 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
   Loaded L = load(o, g.max_new_tokens, true,
                   fmt::format("generate {} {} {} {} {} {} {}", g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.seed,
                               g.ignore_eos, fmt::join(g.stops, "\x1f")),
-                  std::move(prompts));
+                  std::move(prompts), [&](ModelOptions& mo) { mo.show_progress = !g.quiet; });
   // Text: each request's TextStream decides its stop strings; rank 0 prints its
   // replica's text as it comes (a single prompt streams; several print labelled when done).
   text::DecodeOptions dopt;

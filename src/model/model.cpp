@@ -201,7 +201,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
       !opt.moe_weights);
   Progress progress(multi ? fmt::format("moe-ep: loading {} (rank 0 of {})", dir, opt.world->size())
                           : fmt::format("moe-ep: loading {}", dir),
-                    lb.total, !multi || opt.world->rank() == 0);
+                    lb.total, opt.show_progress && (!multi || opt.world->rank() == 0));
 
   // The weights outside the MLP blocks, as model/weights.h describes them.
   // A view of the mapping (rows are converted per token). A GGUF quantised token_embd

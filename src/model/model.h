@@ -97,6 +97,9 @@ struct ModelOptions {
   // GEMM, except under --ep with replicated attention where a step takes the
   // sequence-parallel path: allgather, or more tokens than --max-tokens-per-rank).
   bool count_experts = false;
+  // Rank 0 prints the load's progress (loads of 256 MB and more); the verbs' --quiet
+  // turns it off.
+  bool show_progress = true;
   // When set, MoE layers take their weights from this instead of the checkpoint (which
   // then needs no MLP tensors for them): generated models (`moe-ep bench-model`). Gets
   // the layer and the loader options Model::load would use (experts [expert_begin,
