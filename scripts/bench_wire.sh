@@ -8,6 +8,8 @@
 #     --layers N       bench-model --layers (every layer MoE), default 2
 #     --vocab V        bench-model --vocab, default 32000
 #     --steps "A B"    two --decode-steps values, default "4 20"
+#     --layouts LIST   default "replicated moe-tp attn-tp" (--ep N; --tp N; --ep N --attn-tp N);
+#                      "dp" (--ep N --dp N, one conversation per host) needs --model
 #     --top-k K        plan --top-k (both runs below decode greedily: 1), default 1
 #     --model DIR      run `moe-ep generate` on this checkpoint instead of bench-model's
 #                      generated model (e.g. a DeepSeek-V3-structured one from
@@ -34,7 +36,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$here/.."
 bin="${MOE_EP:-$root/build/moe-ep}"
 bed="$here/netbed.sh"
-hosts_list="2 4" layers=2 vocab=32000 steps="4 20" top_k=1 out="" model=""
+hosts_list="2 4" layers=2 vocab=32000 steps="4 20" top_k=1 out="" model="" layouts="replicated moe-tp attn-tp"
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts_list=$2; shift 2 ;;
@@ -42,9 +44,10 @@ while [ $# -gt 0 ]; do
     --vocab) vocab=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --top-k) top_k=$2; shift 2 ;;
+    --layouts) layouts=$2; shift 2 ;;
     --model) model=$(readlink -f "$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) sed -n '2,25p' "$0"; exit 2 ;;
+    *) sed -n "2,33p" "$0"; exit 2 ;;
   esac
 done
 read -r s1 s2 <<<"$steps"
@@ -83,7 +86,12 @@ run() {
   rm -f "$tmp/run.json"
   local cmd=("$bin" bench-model --layers "$layers" --vocab "$vocab" --prefill 8 --decode-batch 1 --decode-context 16
              --decode-steps "$st" --repeats 1 --skip-check --json "$tmp/run.json")
-  [ -n "$model" ] && cmd=("$bin" generate --model "$model" --prompt-ids 1,2,3,4,5,6,7,8 --max-new-tokens $((st + 1))
+  local prompts=1,2,3,4,5,6,7,8
+  if [[ " $* " == *" --dp "* ]]; then  # one prompt per replica
+    prompts=$(for i in $(seq "$n"); do printf '%d,2,3,4,5,6,7,8;' "$i"; done)
+    prompts=${prompts%;}
+  fi
+  [ -n "$model" ] && cmd=("$bin" generate --model "$model" --prompt-ids "$prompts" --max-new-tokens $((st + 1))
                           --ignore-eos --quiet --output-json "$tmp/run.json")
   OMP_NUM_THREADS=1 timeout -k 5 900 bash "$bed" mpirun "$id" "$n" 1 -x OMP_NUM_THREADS -- "${cmd[@]}" \
     --comm-timeout 300 "$@" >"$tmp/run.log" 2>&1 ||
@@ -101,9 +109,18 @@ for n in $hosts_list; do
   id=$(bash "$bed" up "$n")
   "$bin" plan --model "$plan_model" --nodes "$n" --batch 1 --context 64 --mem-per-node 1000 --mem-bw 100 \
     --net-gbps 10 --net-latency-us 10 --top-k "$top_k" --json >"$tmp/plan.json"
-  for layout in replicated attn-tp; do
-    flags=(--ep "$n")
-    [ "$layout" = attn-tp ] && flags+=(--attn-tp "$n")
+  for layout in $layouts; do
+    case "$layout" in
+      replicated) flags=(--ep "$n") ;;
+      attn-tp) flags=(--ep "$n" --attn-tp "$n") ;;
+      moe-tp) flags=(--tp "$n") ;;
+      dp) flags=(--ep "$n" --dp "$n") ;;
+      *) echo "bench_wire: unknown layout $layout (replicated, moe-tp, attn-tp, dp)"; exit 2 ;;
+    esac
+    # dp: one conversation per host (the plan's cluster figure at --batch 1); generate only.
+    if [ "$layout" = dp ] && [ -z "$model" ]; then echo "bench_wire: dp needs --model (bench-model has no --dp)"; continue; fi
+    scope=one_conversation
+    [ "$layout" = dp ] && scope=cluster
     a=$(run "$n" "$s1" "${flags[@]}")
     b=$(run "$n" "$s2" "${flags[@]}")
     # The longer run's decode time per step (the hosts share this machine's cores).
@@ -111,7 +128,8 @@ for n in $hosts_list; do
       "$tmp/run.json")
     per=$(paste -d' ' <(tr ' ' '\n' <<<"$a") <(tr ' ' '\n' <<<"$b") |
       awk -v d=$((per_run * (s2 - s1))) '{print ($2 - $1) / d}' | paste -sd' ')
-    plan=$(jq -r --arg l "$layout" '.layouts[] | select(.layout == $l) | .one_conversation.wire_bytes_per_step' "$tmp/plan.json")
+    plan=$(jq -r --arg l "$layout" --arg s "$scope" '.layouts[] | select(.layout == $l) | .[$s].wire_bytes_per_step' \
+      "$tmp/plan.json")
     awk -v per="$per" -v plan="$plan" -v n="$n" -v l="$layout" -v ms="$ms" 'BEGIN {
       k = split(per, v, " "); s = 0; lo = v[1]; hi = v[1]
       for (i = 1; i <= k; ++i) { s += v[i]; if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i] }

@@ -108,7 +108,10 @@ TEST_F(CliPlan, NetworkAndDecodeFollowTheFormula) {
                       + 10 * 128;                // KV of 10 tokens of context
   EXPECT_NEAR(j["decode"]["bytes_read_per_step"].get<double>(), read, 1e-6);
   const double mem_s = read / 1e9;
-  const double net_s = 2 * (2 * 10e-6 + (remote * 40 + 64) / (1e9 / 8));
+  // Decode runs alltoall-ll: a record (8-byte head + the bf16 row of 16) per remote
+  // slot, k (N-1)/N = 1 of them per token.
+  EXPECT_NEAR(j["decode_dispatch_bytes_per_token_layer"].get<double>(), 2 * 0.5 * (8 + 16 * 2), 1e-9);
+  const double net_s = 2 * (2 * 10e-6 + (40 + 64) / (1e9 / 8));
   EXPECT_NEAR(j["decode"]["mem_s"].get<double>(), mem_s, 1e-15);
   EXPECT_NEAR(j["decode"]["net_s"].get<double>(), net_s, 1e-15);
   EXPECT_NEAR(j["decode"]["tokens_per_s"].get<double>(), 2 / (mem_s + net_s), 1e-6);
@@ -121,17 +124,19 @@ TEST_F(CliPlan, NetworkAndDecodeFollowTheFormula) {
 TEST_F(CliPlan, LayoutsCountWhatEachOneReadsAndSends) {
   const auto j = plan(tmp.path(), base);
   const auto& L = j["layouts"];
-  ASSERT_EQ(L.size(), 3u);
+  ASSERT_EQ(L.size(), 4u);
   EXPECT_EQ(L[0]["layout"], "dp");
   EXPECT_EQ(L[1]["layout"], "replicated");
-  EXPECT_EQ(L[2]["layout"], "attn-tp");
-  EXPECT_EQ(L[2]["flags"], "--ep 2 --attn-tp 2");
+  EXPECT_EQ(L[2]["layout"], "moe-tp");
+  EXPECT_EQ(L[2]["flags"], "--tp 2");
+  EXPECT_EQ(L[3]["layout"], "attn-tp");
+  EXPECT_EQ(L[3]["flags"], "--ep 2 --attn-tp 2");
   const double norms = (8 + 8 + 16 + 16) * 4.0, router = 2 * 8 * 16 * 4.0, kv = 2 * 2 * 1 * 8 * 4.0 * 10;
   const double attn_whole = 2 * ((16 * 16 + 8 * 16 + 8 * 16 + 16 * 16) * 2.0 + norms);
   const double attn_half = 2 * ((8 * 16 + 8 * 16 + 8 * 16 + 16 * 8) * 2.0 + norms);
   const double experts = 4 * (1 - 0.75) * (3 * 16 * 4 * 2.0) * 2;  // 4 here, P(hit) 1/4, 2 layers
   const double lm = 32 * 16 * 2.0, row = 16 * 2.0;
-  const auto& tp1 = L[2]["one_conversation"];
+  const auto& tp1 = L[3]["one_conversation"];
   EXPECT_NEAR(tp1["bytes_read_per_step"].get<double>(), attn_half + router + lm / 2 + row + experts + kv, 1e-6);
   EXPECT_NEAR(L[1]["one_conversation"]["bytes_read_per_step"].get<double>(), attn_whole + router + lm + row + experts + kv,
               1e-6);
@@ -145,14 +150,27 @@ TEST_F(CliPlan, LayoutsCountWhatEachOneReadsAndSends) {
   EXPECT_NEAR(tp1["net_s"].get<double>(), net, 1e-12);
   // --top-k 0 (logprobs, penalties): the node's half of the 32 logits instead.
   const auto whole = plan(tmp.path(), base + " --top-k 0");
-  EXPECT_NEAR(whole["layouts"][2]["one_conversation"]["wire_bytes_per_step"].get<double>(),
+  EXPECT_NEAR(whole["layouts"][3]["one_conversation"]["wire_bytes_per_step"].get<double>(),
               4 * (2 * 0.5 * 16 * 4) + 0.5 * 32 * 4, 1e-9);
   // Replicated: the slot gather sends this node's half of the 2 k-slot f32 rows, per MoE layer.
   EXPECT_NEAR(L[1]["one_conversation"]["wire_bytes_per_step"].get<double>(), 2 * (0.5 * 2 * 16 * 4), 1e-9);
+  // dp, the mean node: half of one token's alltoall-ll records (1 x 40 bytes) and
+  // combine (1 f32 row), per MoE layer.
+  EXPECT_NEAR(L[0]["one_conversation"]["wire_bytes_per_step"].get<double>(), 2 * 0.5 * (40 + 64), 1e-9);
+  // MoE-TP (--tp 2): half the attention as attention TP, every expert's I halved (2 of
+  // the 8 experts touched, 384 B each whole), the rest whole; per layer the o_proj
+  // all-reduce, per MoE layer three exchanges. The mean node dispatches half a token:
+  // k = 2 records of 8 + 32 bytes to the other node, 2 f32 rows back, its output row.
+  const auto& mt = L[2]["one_conversation"];
+  EXPECT_NEAR(mt["bytes_read_per_step"].get<double>(), attn_half + router + lm + row + 2 * 384 / 2.0 * 2 + kv, 1e-6);
+  EXPECT_EQ(mt["collectives_per_step"], 2 + 3 * 2);
+  EXPECT_NEAR(mt["wire_bytes_per_step"].get<double>(),
+              2 * (2 * 0.5 * 16 * 4) + 2 * 0.5 * (2 * (8 + 32) + 2 * 16 * 4 + 16 * 4), 1e-9);
   EXPECT_NEAR(tp1["tokens_per_s"].get<double>(), 1 / (tp1["bytes_read_per_step"].get<double>() / 1e9 + net), 1e-6);
   // 2 heads do not split 3 ways: no attention-TP layout there, and the fastest is another.
   const auto j3 = plan(tmp.path(), "--nodes 3 --mem-per-node 1 --mem-bw 1 --net-gbps 1 --net-latency-us 10");
-  EXPECT_FALSE(j3["layouts"][2]["possible"].get<bool>());
+  EXPECT_FALSE(j3["layouts"][3]["possible"].get<bool>());
+  EXPECT_FALSE(j3["layouts"][2]["possible"].get<bool>());  // nor MoE-TP (heads, and I = 16)
   EXPECT_NE(j3["fastest_for_one_conversation"]["layout"], "attn-tp");
   // Here the network binds (1 Gbit/s, 10 us: attention TP's 5 collectives cost more than
   // the half of the bytes it saves); with a free network the fewest bytes win.

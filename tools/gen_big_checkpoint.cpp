@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
                  "\"q_lora_rank\": 1536, \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128, "
                  "\"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"vocab_size\": %lld, \"rms_norm_eps\": 1e-06, "
                  "\"rope_theta\": 10000, \"max_position_embeddings\": 4096, \"tie_word_embeddings\": false, "
-                 "\"num_nextn_predict_layers\": 0}\n",
+                 "\"num_nextn_predict_layers\": 0, \"torch_dtype\": \"bfloat16\"}\n",
                  (long long)H, (long long)L, (long long)(4 * I), (long long)I, (long long)E, (long long)heads,
                  (long long)heads, (long long)V);
   else
@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
                "{\"model_type\": \"qwen3_moe\", \"hidden_size\": %lld, \"num_hidden_layers\": %lld, "
                "\"num_experts\": %lld, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": %lld, "
                "\"intermediate_size\": %lld, \"num_attention_heads\": %lld, \"num_key_value_heads\": %lld, "
-               "\"head_dim\": %lld, \"vocab_size\": %lld, \"norm_topk_prob\": true}\n",
+               "\"head_dim\": %lld, \"vocab_size\": %lld, \"norm_topk_prob\": true, \"torch_dtype\": \"bfloat16\"}\n",
                (long long)H, (long long)L, (long long)E, (long long)I, (long long)(4 * I), (long long)heads,
                (long long)kv_heads, (long long)hd, (long long)V);
   std::fclose(f);

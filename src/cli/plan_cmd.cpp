@@ -4,11 +4,13 @@
 // first E % N nodes hold one more), everything else (attention, norms, router, shared
 // experts, dense MLP layers, embeddings, lm_head) replicated on every node, attention
 // data parallel (each node holds its own sequences and their KV cache), tokens moved by
-// the alltoall strategy (moe/dispatch/alltoall.cpp):
+// the alltoall strategy (moe/dispatch/alltoall.cpp) at prefill:
 //   dispatch: one record per (token, remote node holding >= 1 of its k experts):
 //             k int32 expert ids + the token row (compute dtype, or a Q8 row of H int8 +
 //             one f32 scale under w8a8/w4a8);
-//   combine:  one f32 row of H per (token, remote expert slot).
+//   combine:  one f32 row of H per (token, remote expert slot);
+// and alltoall-ll at decode (what --moe-comm auto runs there): a record of an 8-byte
+// head + the row per (token, remote expert slot), the same combine.
 // Routing is assumed uniform (every expert equally likely); real routers are skewed,
 // so the expert and network figures are the balanced case.
 //
@@ -22,11 +24,14 @@
 // bytes, bf16 2) per value; per token and layer 2 * kv_heads * head_dim values (GQA) or
 // kv_lora_rank + qk_rope_head_dim (MLA).
 //
-// The layouts section compares the three ways moe-ep can run the same N nodes, for one
+// The layouts section compares the four ways moe-ep can run the same N nodes, for one
 // conversation and for N x --batch conversations (layout_cost below):
 //   dp          --ep N --dp N: the layout above, conversations spread over the nodes.
 //   replicated  --ep N: every node runs every conversation with all non-expert weights;
 //               one all-gather per MoE layer (the slot gather of moe/dispatch).
+//   moe-tp      --tp N: attention heads, GQA's KV and every routed expert's I split N
+//               ways, everything else whole; per MoE layer a layout exchange, a
+//               dispatch/combine exchange and an all-gather of the outputs.
 //   attn-tp     --ep N --attn-tp N: attention heads, GQA's KV cache, shared experts,
 //               dense MLPs and lm_head split N ways (the bytes of one rank's slices,
 //               model_reads on rank 0 of N); two all-reduces per layer (attention, MLP
@@ -104,11 +109,15 @@ double p_hit(int64_t E, double local, int64_t k) {
 struct LayoutInputs {
   int64_t N = 1, n_layers = 0, n_moe = 0, E = 0, k = 1, H = 0, V = 0;
   double attn = 0, attn_tp = -1;  // attention + layer norms: whole, one attention-TP rank's (-1: N does not fit)
+  double attn_split = -1;          // one TP rank's attention + norms whatever the MLPs (-1: the heads do not split)
+  bool moe_tp_fits = false;        // N divides the experts' I (--tp N)
+  double row_bytes = 0;            // one token row as dispatched (compute dtype, or Q8)
   double dense = 0, shared = 0, router = 0;  // dense MLPs, shared experts, routers (all layers, whole)
   double lm = 0, embed_row = 0;              // lm_head (or the tied embedding), one embedding row
   double expert = 0, experts_here = 0;       // one routed expert's bytes; experts on the fullest node
   double kv_seq = 0, kv_tp_share = 1;        // KV bytes of one sequence; the share one attention-TP rank holds
-  double dispatch = 0, combine = 0;          // alltoall bytes per token per MoE layer (dp)
+  double dispatch = 0, combine = 0;          // alltoall bytes per token per MoE layer (dp, prefill)
+  double dispatch_ll = 0;                    // alltoall-ll's (decode): a record per remote slot
   double bw = 0, net = 0, lat = 0, round_trips = 2;
   int64_t top_k = 1;  // logits a sampled row needs (0: the whole row; see --top-k)
 };
@@ -138,8 +147,10 @@ LayoutCost layout_cost(const LayoutInputs& in, const std::string& name, int64_t 
     r.read = in.attn + in.dense + in.shared + in.lm + b * in.embed_row + touched(c) * in.expert * moe_layers +
              b * in.kv_seq;
     r.collectives = in.N > 1 ? in.round_trips * moe_layers : 0;
-    r.wire = in.N > 1 ? moe_layers * b * (in.dispatch + in.combine) : 0;
-    r.net_s = in.N > 1 ? moe_layers * in.round_trips * in.lat + r.wire / link : 0;
+    // A node sends its own tokens' records and the results of others' slots: on the
+    // mean c / N tokens' worth (the busiest node's b tokens set the time).
+    r.wire = in.N > 1 ? moe_layers * c / N * (in.dispatch_ll + in.combine) : 0;
+    r.net_s = in.N > 1 ? moe_layers * (in.round_trips * in.lat + b * (in.dispatch_ll + in.combine) / link) : 0;
   } else if (name == "replicated") {
     r.flags = fmt::format("--ep {}", in.N);
     r.read = in.attn + in.dense + in.shared + in.lm + c * in.embed_row + touched(c) * in.expert * moe_layers +
@@ -148,6 +159,25 @@ LayoutCost layout_cost(const LayoutInputs& in, const std::string& name, int64_t 
     // The slot gather: a node sends its 1/N of the c k f32 rows to each other node.
     r.wire = in.N > 1 ? moe_layers * c * static_cast<double>(in.k) * H * 4 * (N - 1) / N : 0;
     r.net_s = in.N > 1 ? moe_layers * hops * in.lat + r.wire / link : 0;
+  } else if (name == "moe-tp") {
+    // --tp N: heads, KV and every expert's I split N ways; the dense MLPs, shared
+    // experts, routers, embeddings and lm_head whole on every node. Every node holds all
+    // c tokens (attention TP) and dispatches its 1/N share of them (forward_replicated):
+    // each row to the N-1 other nodes, which hold the other slices of its experts, and
+    // k partial f32 rows back per (row, node); then the outputs are all-gathered.
+    r.flags = fmt::format("--tp {}", in.N);
+    r.possible = in.attn_split >= 0 && in.moe_tp_fits;
+    const double all_experts = static_cast<double>(in.E) *
+                               (1 - std::pow(1 - static_cast<double>(in.k) / static_cast<double>(in.E), c));
+    r.read = in.attn_split + in.dense + in.shared + in.lm + c * in.embed_row + all_experts * in.expert / N * moe_layers +
+             c * in.kv_seq * in.kv_tp_share;
+    // Per MoE layer: the layout exchange, the dispatch/combine exchange, the gather.
+    r.collectives = in.N > 1 ? layers + 3 * moe_layers : 0;
+    // alltoall-ll at decode: k records (8-byte head + row) to each other node, k f32
+    // rows back from each; then the row's output to each other node.
+    const double k = static_cast<double>(in.k), per_row = (N - 1) * (k * (8 + in.row_bytes) + k * H * 4 + H * 4);
+    r.wire = in.N > 1 ? layers * 2 * (N - 1) / N * c * H * 4 + moe_layers * c / N * per_row : 0;
+    r.net_s = in.N > 1 ? r.collectives * hops * in.lat + r.wire / link : 0;
   } else {  // attn-tp
     r.flags = fmt::format("--ep {} --attn-tp {}", in.N, in.N);
     r.possible = in.attn_tp >= 0;
@@ -250,6 +280,9 @@ int run_plan(const PlanOptions& o) {
   const double remote_nodes = static_cast<double>(N - 1) * p_hit(E, local, k);
   const double dispatch = remote_nodes * (4.0 * static_cast<double>(k) + row_bytes);
   const double combine = static_cast<double>(k) * static_cast<double>(N - 1) / static_cast<double>(N) * hd * 4;
+  // Decode runs alltoall-ll (moe/dispatch/alltoall_ll.cpp; --moe-comm auto at decode
+  // sizes): a record of an 8-byte head and the row per (token, remote slot).
+  const double dispatch_ll = static_cast<double>(k) * static_cast<double>(N - 1) / static_cast<double>(N) * (8 + row_bytes);
 
   // Decode: one step = every node advances its `batch` sequences by one token.
   const double step_tokens = static_cast<double>(o.batch * N);
@@ -264,7 +297,7 @@ int run_plan(const PlanOptions& o) {
   const double rt = N > 1 ? static_cast<double>(o.round_trips) : 0;
   const double t_mem = bw > 0 ? decode_read / bw : 0;
   const double t_net = N > 1 ? static_cast<double>(n_moe) *
-                                   (rt * lat + static_cast<double>(o.batch) * (dispatch + combine) / std::max(net, 1e-30))
+                                   (rt * lat + static_cast<double>(o.batch) * (dispatch_ll + combine) / std::max(net, 1e-30))
                              : 0;
   const double t_step = t_mem + t_net;
   const double decode_tps = t_step > 0 ? step_tokens / t_step : 0;
@@ -298,12 +331,15 @@ int run_plan(const PlanOptions& o) {
   li.experts_here = static_cast<double>(experts_here);
   li.kv_seq = kv_per_token * static_cast<double>(o.context);
   li.dispatch = dispatch;
+  li.dispatch_ll = dispatch_ll;
   li.combine = combine;
   li.bw = bw;
   li.net = net;
   li.lat = lat;
   li.round_trips = static_cast<double>(o.round_trips);
   li.top_k = o.top_k;
+  li.row_bytes = row_bytes;
+  li.moe_tp_fits = I % N == 0;
   try {
     // One attention-TP rank's slices, as Model::load reads them under --attn-tp N.
     li.attn_tp = 0;
@@ -313,6 +349,7 @@ int run_plan(const PlanOptions& o) {
       for (int64_t d : plan_shard(r).out_shape) n *= static_cast<double>(d);
       li.attn_tp += n * (r.shape.size() >= 2 ? db : 4.0);
     }
+    li.attn_split = li.attn_tp;
     if (c.attention != AttentionKind::Mla)
       li.kv_tp_share = static_cast<double>(kv_heads_per_rank(c.n_kv_heads, static_cast<int>(N))) /
                        static_cast<double>(c.n_kv_heads);
@@ -321,7 +358,7 @@ int run_plan(const PlanOptions& o) {
     li.attn_tp = -1;  // the heads do not split N ways
   }
   std::vector<std::pair<LayoutCost, LayoutCost>> layouts;  // (one conversation, N x batch)
-  for (const char* name : {"dp", "replicated", "attn-tp"})
+  for (const char* name : {"dp", "replicated", "moe-tp", "attn-tp"})
     layouts.emplace_back(layout_cost(li, name, 1), layout_cost(li, name, N * o.batch));
   auto best = [&](bool one) {
     const LayoutCost* b = nullptr;
@@ -338,7 +375,7 @@ int run_plan(const PlanOptions& o) {
 
   const std::vector<Part> parts = {embed, attn, dense, shared, routed};
   const std::string decode_formula =
-      "t_step = bytes read per step / mem_bw + moe_layers * (round_trips * latency + batch * (dispatch + combine) / "
+      "t_step = bytes read per step / mem_bw + moe_layers * (round_trips * latency + batch * (dispatch_ll + combine) / "
       "net_bw); decode tokens/s = nodes * batch / t_step";
   const std::string prefill_formula =
       "t = node weight bytes / mem_bw + moe_layers * (round_trips * latency + prefill_tokens * (dispatch + combine) / "
@@ -362,6 +399,7 @@ int run_plan(const PlanOptions& o) {
     r["fits"] = fits;
     r["dispatch_bytes_per_token_layer"] = dispatch;
     r["combine_bytes_per_token_layer"] = combine;
+    r["decode_dispatch_bytes_per_token_layer"] = dispatch_ll;
     r["remote_nodes_per_token"] = remote_nodes;
     r["decode"] = {{"bytes_read_per_step", decode_read}, {"experts_touched_per_node_layer", touched},
                    {"mem_s", t_mem}, {"net_s", t_net}, {"step_s", t_step}, {"tokens_per_s", decode_tps},
@@ -400,8 +438,9 @@ int run_plan(const PlanOptions& o) {
              o.context, size(kv_need));
   fmt::print("  memory {:.1f} GiB: {} (room for {:.0f} tokens of KV after the weights)\n", o.mem_per_node_gib,
              fits ? "fits" : "DOES NOT FIT", kv_tokens_free);
-  fmt::print("\nper token per MoE layer: {:.2f} remote nodes; dispatch {:.0f} bytes, combine {:.0f} bytes\n",
-             remote_nodes, dispatch, combine);
+  fmt::print("\nper token per MoE layer: {:.2f} remote nodes; dispatch {:.0f} bytes (decode: {:.0f}), combine {:.0f} "
+             "bytes\n",
+             remote_nodes, dispatch, dispatch_ll, combine);
   fmt::print("\ndecode ({} sequence(s) per node, {} tokens of context):\n", o.batch, o.context);
   fmt::print("  bytes read per step per node {} ({:.1f} of {} experts touched per MoE layer)\n", size(decode_read),
              touched, experts_here);

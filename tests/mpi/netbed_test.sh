@@ -22,8 +22,10 @@
 #                         (clock_jump.cpp, LD_PRELOAD): the bounded waits (steady_clock) notice
 #                         nothing, --comm-timeout 2 does not fire, the tokens equal one rank's
 #   bench-smoke           scripts/bench_net.sh --quick on a tiny layer prints its table row
-#   wire                  scripts/bench_wire.sh on 2 hosts: the bytes a decode step sends
-#                         (net0 counters) within 10 % of `moe-ep plan`'s, replicated and attn-tp
+#   wire <gen_big_checkpoint>
+#                         scripts/bench_wire.sh on 2 hosts, a DeepSeek-V3-structured model: the
+#                         bytes a decode step sends (net0 counters) within 10 % of `moe-ep
+#                         plan`'s, for replicated, moe-tp, attn-tp and dp
 #   skip-reason           the bed's check, run as nobody and as root without CAP_NET_ADMIN, says
 #                         why and exits 77
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason where namespaces cannot be made.
@@ -274,12 +276,15 @@ case "$case_" in
     grep -Eq '^\| 0 \| 1gbit \| alltoall \| 1 \| [0-9.]+ \| [0-9.]+ \|' <<<"$out" || fail "bench_net.sh printed no 1gbit alltoall row" ;;
   wire)
     # Bytes a decode step puts on the wire (each host's net0 counter, headers and ACKs
-    # included) against `moe-ep plan`'s payload figure, replicated and attention TP on 2
-    # hosts: within 10 % (measured 0.4 % and 2.3 % over on this bed; docs/SCALE.md).
-    out=$(MOE_EP="$bin" bash "$root/scripts/bench_wire.sh" --hosts 2 --layers 2 --vocab 32000 --steps "4 12") ||
-      fail "bench_wire.sh failed: $out"
+    # included) against `moe-ep plan`'s payload figure on 2 hosts, every layout: within
+    # 10 % (measured 0.4-3.0 % over on this bed; docs/SCALE.md). The model: DeepSeek-V3's
+    # structure (MLA, a dense first layer, grouped sigmoid routing, a shared expert) at
+    # H 2048 with 16 small experts, written by tools/gen_big_checkpoint.cpp ($3).
+    "$(readlink -f "$3")" --deepseek-v3 "$tmp/m" 3 16 2048 64 0 8000 16 >/dev/null
+    out=$(MOE_EP="$bin" bash "$root/scripts/bench_wire.sh" --model "$tmp/m" --hosts 2 --steps "2 8" \
+            --layouts "replicated moe-tp attn-tp dp") || fail "bench_wire.sh failed: $out"
     echo "$out"
-    for layout in replicated attn-tp; do
+    for layout in replicated moe-tp attn-tp dp; do
       r=$(awk -F'|' -v l="$layout" '$3 ~ " "l" " {gsub(/ /, "", $6); print $6}' <<<"$out")
       [ -n "$r" ] || fail "bench_wire.sh printed no $layout row"
       awk -v r="$r" 'BEGIN { exit !(r >= 0.9 && r <= 1.1) }' || fail "$layout: measured / plan = $r, outside [0.9, 1.1]"

@@ -246,6 +246,26 @@ TEST(ModelAttnTp, ReplicatedAttentionRunsOneAllGatherPerMoeLayer) {
   EXPECT_EQ(c.tally, want);
 }
 
+// What `moe-ep plan` counts for MoE-TP (--tp R): one all-reduce per layer (the
+// row-parallel o_proj) and, per MoE layer at decode, alltoall-ll's dispatch
+// (point-to-point) and combine (all-to-all) and the all-gather of the rows' outputs.
+TEST(ModelTp, MoeTpDecodeStepRunsThePlansCollectives) {
+  const int R = world().size();
+  if (R != 2 && R != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  for (const char* name : {"deepseek_v3", "qwen3_moe"}) {  // a dense first layer; mlp_only_layers
+    SCOPED_TRACE(name);
+    const CountedStep c = count_decode_step(test::fixtures_dir() + "/" + name, {1, R, 1});
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < c.config.n_layers; ++l) moe_layers += c.config.moe.is_moe_layer(l);
+    ASSERT_LT(moe_layers, c.config.n_layers);
+    const test::CountingComm::Tally want = {{"all_reduce", c.config.n_layers},
+                                            {"send_recv", moe_layers},
+                                            {"all_to_all", moe_layers},
+                                            {"all_gather_v", moe_layers}};
+    EXPECT_EQ(c.tally, want);
+  }
+}
+
 TEST(ModelDp, ReplicasWithAndWithoutRequestsStayInLockStep) {
   const int R = world().size();
   if (R % 2 != 0) GTEST_SKIP() << "--dp 2 needs an even number of ranks";
