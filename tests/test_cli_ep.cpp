@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "loader/safetensors.h"
 #include "test_util.h"
@@ -219,6 +222,36 @@ TEST(CliEp, AttentionTpAsAUserTypesIt) {
   EXPECT_NE(log.find("--attn-tp 2 must equal the ranks of one DP replica, 4"), std::string::npos) << log;
   EXPECT_NE(test::run_command(gen + "--attn-tp 2", &log), 0);
   EXPECT_NE(log.find("needs 2 ranks: start it as mpirun -np 2"), std::string::npos) << log;
+}
+
+// bench-model on a checkpoint (--model): the byte count of a decode step follows the
+// layout. Under --attn-tp 2 rank 0 reads half the vocabulary's lm_head rows and less
+// attention than under --ep 2 (replicated), the same experts' bytes per expert touched;
+// the model check (batch invariance, KV decode = prefill) passes on both.
+TEST(CliEp, BenchModelOnACheckpointCountsWhatEachLayoutReads) {
+  const std::string model = fixture("deepseek_v3");  // MLA, a dense layer, shared experts
+  test::TempDir tmp;
+  const std::string bm = std::string(MOE_EP_BINARY) + " bench-model --model " + model +
+                         " --prefill 4 --decode-batch 1 --decode-context 8 --decode-steps 2 --repeats 1 --dtype f32";
+  std::map<std::string, nlohmann::json> runs;
+  for (const std::string layout : {"--ep 2", "--ep 2 --attn-tp 2"}) {
+    std::string log;
+    ASSERT_EQ(test::run_command(kMpirun + "-np 2 " + bm + " " + layout + " --json " + (tmp / "b.json"), &log),
+              0)
+        << log;
+    EXPECT_NE(log.find("check: model: ok"), std::string::npos) << log;
+    EXPECT_NE(log.find("skipped (--model: the checkpoint's experts)"), std::string::npos) << log;
+    std::ifstream in(tmp / "b.json");
+    runs[layout] = nlohmann::json::parse(in)["decode"][0];
+  }
+  const nlohmann::json& rep = runs["--ep 2"]["rank0_bytes"];
+  const nlohmann::json& atp = runs["--ep 2 --attn-tp 2"]["rank0_bytes"];
+  // 128 x 32 f32 lm_head (rows 0..63 under --attn-tp 2), its f32 final norm, one f32
+  // embedding row per token.
+  EXPECT_DOUBLE_EQ(rep["lm_head_embed"].get<double>(), 128 * 32 * 4 + 32 * 4 + 32 * 4);
+  EXPECT_DOUBLE_EQ(atp["lm_head_embed"].get<double>(), 64 * 32 * 4 + 32 * 4 + 32 * 4);
+  EXPECT_LT(atp["attention"].get<double>(), rep["attention"].get<double>());
+  EXPECT_GT(atp["attention"].get<double>(), 0.4 * rep["attention"].get<double>());
 }
 
 }  // namespace

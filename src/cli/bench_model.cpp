@@ -48,6 +48,8 @@
 #include "loader/safetensors.h"
 #include "model/model.h"
 #include "model/registry.h"
+#include "model/weights.h"
+#include "loader/shard.h"
 #include "moe/placement.h"
 #include "moe/slot_weights.h"
 #include "runtime/runner.h"
@@ -73,6 +75,7 @@ constexpr ModelShape kModelShapes[] = {
 
 struct BenchModelOptions {
   std::string shape = "qwen3-30b-a3b";
+  std::string model_dir;  // --model: a checkpoint instead of the generated model
   int64_t layers = 4;
   int64_t vocab = 32000;
   std::string dtype = "bf16";
@@ -246,8 +249,8 @@ struct DecodeResult {
 };
 
 struct RankBytes {
-  double attn_per_layer = 0;    // q, k, v, o weights + norms
-  double gate_per_layer = 0;    // router (f32)
+  std::vector<double> fixed;    // per layer: attention + norms, and the dense MLP or router + shared experts
+  double attn_per_layer = 0;    // attention + norms, averaged over the layers (reported)
   double expert_bytes = 0;      // one routed expert (W13 + W2) on this rank
   double kv_per_pos_layer = 0;  // K + V of one position (at the cache's dtype)
   double head = 0;              // lm_head + final norm
@@ -280,11 +283,13 @@ DecodeResult run_decode(Model& m, Communicator& world, int64_t B, const BenchMod
       if (now.empty()) continue;
       int64_t touched = 0;
       for (int64_t e = rb.e_begin; e < rb.e_end; ++e) touched += now[e] > before[l][e];
-      moe += rb.gate_per_layer + touched * rb.expert_bytes;
+      moe += touched * rb.expert_bytes;
       experts_tot += touched;
       if (s == 0) ++moe_layers;
     }
-    const double attn = c.n_layers * rb.attn_per_layer, kv = c.n_layers * ctx * rb.kv_per_pos_layer;
+    double attn = 0;  // with each layer's router, shared experts or dense MLP
+    for (double f : rb.fixed) attn += f;
+    const double kv = c.n_layers * ctx * rb.kv_per_pos_layer;
     const double head = rb.head + B * rb.embed_row;
     r.attn_bytes += attn;
     r.kv_bytes += kv;
@@ -318,12 +323,81 @@ DecodeResult run_decode(Model& m, Communicator& world, int64_t B, const BenchMod
   return r;
 }
 
-// Multiply-adds of one token through the model, without attention scores (2 flops each).
+// Multiply-adds of one token through the model, without attention scores (2 flops each):
+// every attention weight (GQA or MLA, model_reads), the router, k experts, the shared
+// experts or the dense MLP.
 double macs_per_token_linear(const ModelConfig& c) {
-  const double H = c.hidden_size, hd = c.head_dim, nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
-  const double attn = H * (nq + 2 * nkv) + nq * H;
-  const double moe = c.moe.n_experts * H + c.moe.top_k * 3.0 * c.moe.moe_intermediate_size * H;
-  return c.n_layers * (attn + moe);
+  const MoeConfig& m = c.moe;
+  const double H = c.hidden_size;
+  double macs = 0;
+  for (const TensorRead& r : model_reads(c, 0, 1))
+    if (r.layer >= 0 && r.shape.size() == 2) macs += static_cast<double>(r.shape[0] * r.shape[1]);
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    macs += m.is_moe_layer(l) ? m.n_experts * H + (m.top_k * m.moe_intermediate_size + m.shared_intermediate_size) * 3.0 * H
+                              : 3.0 * m.dense_intermediate_size * H;
+  return macs;
+}
+
+// The bytes a decode step reads on this rank, per part, as the model holds them:
+// attention and norms are this rank's slices (model_reads, as Model::load reads them:
+// split over --tp or --attn-tp, lm_head's vocabulary too under --attn-tp) at --dtype,
+// 1-D tensors in f32; routers in f32; shared experts and dense MLPs whole, or split
+// over --attn-tp; one routed expert at --dtype (W8A8: int8 + an f32 scale and an i32
+// compensation per output column, kernels/grouped_gemm.h); K/V per position at the
+// cache's dtype (MLA: the latent and the RoPE key, whole on every rank).
+RankBytes rank_bytes(Model& m, const BenchModelOptions& o, DType dtype, DType kv_dtype, bool w8a8, int64_t e_begin,
+                     int64_t e_end) {
+  const ModelConfig& c = m.config();
+  const MoeConfig& mc = c.moe;
+  const int rank = m.rank();
+  const int tp = o.parallel.par.tp, attn_tp = o.parallel.par.attn_tp;
+  const int group = attn_tp > 1 ? attn_tp : tp, group_rank = attn_tp > 1 ? rank % attn_tp : rank % tp;
+  const double esz = static_cast<double>(dtype_size(dtype)), H = static_cast<double>(c.hidden_size);
+  RankBytes rb;
+  rb.fixed.assign(c.n_layers, 0);
+  const TensorRead embed = embed_read(c), norm = final_norm_read(c);
+  const auto lm = lm_head_read(c);
+  for (const TensorRead& r : model_reads(c, group_rank, group, attn_tp > 1)) {
+    if (r.key == embed.key || r.key == norm.key || (lm && r.key == lm->weight.key)) continue;
+    double n = 1;
+    for (int64_t d : plan_shard(r).out_shape) n *= static_cast<double>(d);
+    if (r.layer >= 0 && r.layer < c.n_layers) rb.fixed[r.layer] += n * (r.shape.size() >= 2 ? esz : 4.0);
+  }
+  double attn = 0;
+  for (double f : rb.fixed) attn += f;
+  rb.attn_per_layer = attn / static_cast<double>(c.n_layers);
+  const double mlp_split = attn_tp > 1 ? attn_tp : 1;  // shared experts, dense MLPs: whole under --tp
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (!mc.is_moe_layer(l)) {
+      rb.fixed[l] += esz * 3.0 * H * static_cast<double>(mc.dense_intermediate_size) / mlp_split;
+      continue;
+    }
+    rb.fixed[l] += 4.0 * static_cast<double>(mc.n_experts) * H;  // router
+    if (mc.shared_intermediate_size > 0)
+      rb.fixed[l] += esz * 3.0 * H * static_cast<double>(mc.shared_intermediate_size) / mlp_split;
+  }
+  const double Il = static_cast<double>(mc.moe_intermediate_size / tp);
+  rb.expert_bytes = w8a8 ? 3.0 * Il * H + 8.0 * (2 * Il + H) : esz * 3.0 * Il * H;
+  const double kv_esz = static_cast<double>(dtype_size(kv_dtype));
+  rb.kv_per_pos_layer =
+      c.attention == AttentionKind::Mla
+          ? kv_esz * static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim)
+          : kv_esz * 2.0 * static_cast<double>(kv_heads_per_rank(c.n_kv_heads, group) * c.head_dim);
+  rb.head = esz * static_cast<double>(c.vocab_size / (attn_tp > 1 ? attn_tp : 1)) * H + 4.0 * H;
+  rb.embed_row = esz * H;
+  rb.e_begin = e_begin;
+  rb.e_end = e_end;
+  if (!o.model_dir.empty()) {  // the checkpoint's experts: this EP rank's block of the first MoE layer
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      if (mc.is_moe_layer(l)) {
+        const Placement& pl = m.placement(l);
+        const int ep_rank = rank / tp;
+        rb.e_begin = pl.begin(ep_rank);
+        rb.e_end = pl.end(ep_rank);
+        break;
+      }
+  }
+  return rb;
 }
 
 int run_bench_model(const BenchModelOptions& o) {
@@ -343,7 +417,7 @@ int run_bench_model(const BenchModelOptions& o) {
   const int R = world.size(), rank = world.rank();
   const bool root = rank == 0;
   if (R > 1)
-    check_same_on_all_ranks(world, {{"flags", fmt::format("{} {} {} {} {} {} {} {} {} {} {} {}", o.shape,
+    check_same_on_all_ranks(world, {{"flags", fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {}", o.model_dir, o.shape,
                                                           o.layers, o.vocab, o.dtype, o.quantize, o.kv_cache_dtype,
                                                           o.prefill,
                                                           fmt::join(o.decode_batch, ","), o.decode_context,
@@ -364,20 +438,20 @@ int run_bench_model(const BenchModelOptions& o) {
     base = tmp && *tmp ? tmp : "/tmp";
   }
   DirGuard guard;
-  const std::string dir = fmt::format("{}/moe-ep-bench-model-{}", base, tag);
-  if (root) {
+  const bool generated = o.model_dir.empty();
+  const std::string dir = generated ? fmt::format("{}/moe-ep-bench-model-{}", base, tag) : o.model_dir;
+  if (root && generated) {
     guard.dir = dir;
     std::filesystem::create_directories(dir);
     write_checkpoint(dir, *shape, o);
   }
   world.barrier();
 
-  nlohmann::json cfg_json;
-  {
+  ModelConfig mc;
+  if (generated) {
     std::ifstream in(dir + "/config.json");
-    cfg_json = nlohmann::json::parse(in);
+    mc = model_config_from_hf(nlohmann::json::parse(in));
   }
-  const ModelConfig mc = model_config_from_hf(cfg_json);
   RankBytes rb;
   MoeLayerWeights layer0;  // shares layer 0's storage, for the MoE check
   ModelOptions mo;
@@ -391,7 +465,7 @@ int run_bench_model(const BenchModelOptions& o) {
   mo.ep = o.parallel.ep_options();
   mo.eplb = o.parallel.eplb;
   if (world.rank() == 0) mo.eplb.log = [](const std::string& s) { fmt::print(stderr, "{}\n", s); };
-  mo.moe_weights = [&](int64_t l, const MlpLoadOptions& lo) {
+  if (generated) mo.moe_weights = [&](int64_t l, const MlpLoadOptions& lo) {
     const int64_t end = lo.expert_end < 0 ? mc.moe.n_experts : lo.expert_end;
     rb.e_begin = lo.expert_begin;
     rb.e_end = end;
@@ -402,27 +476,13 @@ int run_bench_model(const BenchModelOptions& o) {
   };
   std::unique_ptr<Model> model = Model::load(dir, mo);
   world.barrier();
-  if (root) std::filesystem::remove_all(dir);  // the embedding stays mapped
+  if (root && generated) std::filesystem::remove_all(dir);  // the embedding stays mapped
   guard.dir.clear();
   const double build_s = now_s() - t_build;
   Model& m = *model;
   const ModelConfig& c = m.config();
-  const int64_t H = c.hidden_size, hd = c.head_dim, tp = o.parallel.par.tp, attn_tp = o.parallel.par.attn_tp;
-  // Attention heads split over --tp or --attn-tp; KV heads too, or one per rank when
-  // there are fewer of them (model/attention.h kv_head_spec); lm_head by vocabulary
-  // under --attn-tp.
-  const int64_t atp = std::max(tp, attn_tp), kvh = kv_heads_per_rank(c.n_kv_heads, static_cast<int>(atp));
-  const double esz = static_cast<double>(dtype_size(dtype));
-  rb.attn_per_layer =
-      esz * (H * (c.n_heads / atp + 2 * kvh) * hd + c.n_heads / atp * hd * H) + 4.0 * (2 * H + 2 * hd);
-  rb.gate_per_layer = 4.0 * c.moe.n_experts * H;
-  const double Il = static_cast<double>(c.moe.moe_intermediate_size / tp);
-  // W8A8: 1-byte weights plus an f32 scale and an i32 compensation per output column
-  // (2 Il of W13, H of W2; kernels/grouped_gemm.h).
-  rb.expert_bytes = w8a8 ? 3.0 * Il * H + 8.0 * (2 * Il + H) : esz * 3.0 * Il * H;
-  rb.kv_per_pos_layer = static_cast<double>(dtype_size(mo.kv_cache_dtype)) * 2 * kvh * hd;
-  rb.head = esz * static_cast<double>(c.vocab_size / attn_tp) * H + 4.0 * H;
-  rb.embed_row = esz * H;
+  const int64_t H = c.hidden_size, tp = o.parallel.par.tp, attn_tp = o.parallel.par.attn_tp;
+  rb = rank_bytes(m, o, dtype, mo.kv_cache_dtype, w8a8, rb.e_begin, rb.e_end);
 
   const int threads = num_threads();
   if (root)
@@ -430,8 +490,8 @@ int run_bench_model(const BenchModelOptions& o) {
         "moe-ep bench-model: shape {} ({} layers of H={} heads {}/{} head_dim {} E={} k={} I={}), vocab {}{}, dtype "
         "{}, KV cache {}, {} rank(s) ({}, moe-comm {}), {} threads per rank, {}\n  built in {:.1f} s (this rank's experts "
         "[{}, {}))\n",
-        o.shape, c.n_layers, H, c.n_heads, c.n_kv_heads, hd, c.moe.n_experts, c.moe.top_k,
-        c.moe.moe_intermediate_size, c.vocab_size, c.vocab_size == shape->vocab ? "" : fmt::format(" (the checkpoint's: {})", shape->vocab),
+        o.model_dir.empty() ? o.shape : o.model_dir, c.n_layers, H, c.n_heads, c.n_kv_heads, c.head_dim, c.moe.n_experts, c.moe.top_k,
+        c.moe.moe_intermediate_size, c.vocab_size, !generated || c.vocab_size == shape->vocab ? "" : fmt::format(" (the checkpoint's: {})", shape->vocab),
         w8a8 ? o.dtype + " (routed experts w8a8)" : o.dtype, o.kv_cache_dtype, R, to_string(o.parallel.par), o.parallel.moe_comm,
         threads, cpu_summary(), build_s, rb.e_begin, rb.e_end);
 
@@ -441,7 +501,10 @@ int run_bench_model(const BenchModelOptions& o) {
   if (!o.skip_check) {
     const Tensor x = bench::random_tensor({4, H}, 1.f, 4242);
     Tensor y;
-    if (R == 1) {
+    bool ok = !generated;  // --model: the checkpoint's experts are not bench::random_layer's
+    if (!generated) {
+      moe_check = "skipped (--model: the checkpoint's experts)";
+    } else if (R == 1) {
       MoeLayer probe(c.moe, layer0);
       y = probe.forward(x);
     } else {
@@ -458,8 +521,7 @@ int run_bench_model(const BenchModelOptions& o) {
       EpMoeLayer probe(MoeLayer(c.moe, std::move(w)), world, pl, o.parallel.ep_options());
       y = probe.forward_replicated(x);
     }
-    bool ok = false;
-    moe_check = bench::check_sample(c.moe, layer0, x, y, experts_dtype, &ok);
+    if (generated) moe_check = bench::check_sample(c.moe, layer0, x, y, experts_dtype, &ok);
     const MoeComm comm = o.parallel.ep_options().comm;
     const bool exact = R == 1 || ((comm == MoeComm::AllToAll || comm == MoeComm::AllToAllLL || comm == MoeComm::Auto) &&
                                   attn_tp == 1);
@@ -520,8 +582,13 @@ int run_bench_model(const BenchModelOptions& o) {
     }
     const double t = median(tps);
     const double P = static_cast<double>(o.prefill);
+    // QK^T and PV, causal: per head the q.k length plus the value length (MLA: the
+    // unabsorbed nope + rope and v dims).
+    const bool mla = c.attention == AttentionKind::Mla;
+    const double qk_pv = mla ? static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim)
+                             : 2.0 * static_cast<double>(c.head_dim);
     const double flops = 2.0 * (P * macs_per_token_linear(c) + c.vocab_size * H) +
-                         2.0 * 2.0 * c.n_layers * c.n_heads * hd * (P * (P + 1) / 2);  // QK^T and PV, causal
+                         2.0 * c.n_layers * c.n_heads * qk_pv * (P * (P + 1) / 2);
     const double gflops = flops * t / P / 1e9;
     if (root)
       fmt::print("prefill {} tokens: {:.1f} tokens/s ({:.1f} ms; {:.0f} GFLOP/s = {:.0f}% of the {} peak; runs: {:.1f})\n",
@@ -585,6 +652,11 @@ Verb add_bench_model_verb(CLI::App& app) {
       "Benchmark a whole generated model with the layer shapes of a public MoE checkpoint (random weights): checks "
       "it, then measures prefill tokens/s and decode tokens/s against the DRAM floor measured in the same run");
   cmd->add_option("--shape", o->shape, "Layer shapes: qwen3-30b-a3b")->capture_default_str();
+  cmd->add_option("--model", o->model_dir,
+                  "Time this checkpoint (a directory, any family) instead of the generated model; --shape, --layers "
+                  "and --vocab are then unused, and the MoE-layer check (against bench::random_layer's experts) is "
+                  "skipped")
+      ->check(CLI::ExistingDirectory);
   cmd->add_option("--layers", o->layers, "Decoder layers (every one MoE)")->capture_default_str();
   cmd->add_option("--vocab", o->vocab,
                   "Vocabulary size (smaller than the checkpoint's 151936 to save memory; the real one works too)")
