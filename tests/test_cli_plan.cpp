@@ -117,10 +117,10 @@ TEST_F(CliPlan, NetworkAndDecodeFollowTheFormula) {
   EXPECT_NEAR(j["decode"]["tokens_per_s"].get<double>(), 2 / (mem_s + net_s), 1e-6);
 }
 
-// The three layouts' decode steps, by hand on the tiny config at 2 nodes, one
+// The four layouts' decode steps, by hand on the tiny config at 2 nodes, one
 // conversation: attention TP reads its half of q and o, the whole k and v (one KV head,
-// held by both ranks), the whole norms and router, half the lm_head; collectives and
-// network per layout_cost's formula.
+// held by both ranks), the whole norms and router, half the lm_head and (on the mean)
+// half an embedding row; collectives and network per layout_cost's formula.
 TEST_F(CliPlan, LayoutsCountWhatEachOneReadsAndSends) {
   const auto j = plan(tmp.path(), base);
   const auto& L = j["layouts"];
@@ -137,21 +137,21 @@ TEST_F(CliPlan, LayoutsCountWhatEachOneReadsAndSends) {
   const double experts = 4 * (1 - 0.75) * (3 * 16 * 4 * 2.0) * 2;  // 4 here, P(hit) 1/4, 2 layers
   const double lm = 32 * 16 * 2.0, row = 16 * 2.0;
   const auto& tp1 = L[3]["one_conversation"];
-  EXPECT_NEAR(tp1["bytes_read_per_step"].get<double>(), attn_half + router + lm / 2 + row + experts + kv, 1e-6);
+  EXPECT_NEAR(tp1["bytes_read_per_step"].get<double>(), attn_half + router + lm / 2 + row / 2 + experts + kv, 1e-6);
   EXPECT_NEAR(L[1]["one_conversation"]["bytes_read_per_step"].get<double>(), attn_whole + router + lm + row + experts + kv,
               1e-6);
-  EXPECT_EQ(tp1["collectives_per_step"], 2 * 2 + 1);
+  EXPECT_EQ(tp1["collectives_per_step"], 2 * 2 + 2);
   EXPECT_EQ(L[1]["one_conversation"]["collectives_per_step"], 2);
-  // 5 collectives of one hop at 10 us; 4 all-reduces of a 16-float row (2 x 1/2 of it
-  // each) and, greedy (--top-k 1, the default), one (f32, i32) pair of logits to the
-  // other node, over 1 Gbit/s.
-  const double link = 1e9 / 8, wire = 4 * (2 * 0.5 * 16 * 4) + 8, net = 5 * 10e-6 + wire / link;
+  // 6 collectives of one hop at 10 us; 5 all-reduces of a 16-float row (2 x 1/2 of it
+  // each: the embedding, and attention and MLP of 2 layers) and, greedy (--top-k 1, the
+  // default), one (f32, i32) pair of logits to the other node, over 1 Gbit/s.
+  const double link = 1e9 / 8, wire = 5 * (2 * 0.5 * 16 * 4) + 8, net = 6 * 10e-6 + wire / link;
   EXPECT_NEAR(tp1["wire_bytes_per_step"].get<double>(), wire, 1e-9);
   EXPECT_NEAR(tp1["net_s"].get<double>(), net, 1e-12);
   // --top-k 0 (logprobs, penalties): the node's half of the 32 logits instead.
   const auto whole = plan(tmp.path(), base + " --top-k 0");
   EXPECT_NEAR(whole["layouts"][3]["one_conversation"]["wire_bytes_per_step"].get<double>(),
-              4 * (2 * 0.5 * 16 * 4) + 0.5 * 32 * 4, 1e-9);
+              5 * (2 * 0.5 * 16 * 4) + 0.5 * 32 * 4, 1e-9);
   // Replicated: the slot gather sends this node's half of the 2 k-slot f32 rows, per MoE layer.
   EXPECT_NEAR(L[1]["one_conversation"]["wire_bytes_per_step"].get<double>(), 2 * (0.5 * 2 * 16 * 4), 1e-9);
   // dp, the mean node: half of one token's alltoall-ll records (1 x 40 bytes) and

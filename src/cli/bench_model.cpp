@@ -384,7 +384,9 @@ RankBytes rank_bytes(Model& m, const BenchModelOptions& o, DType dtype, DType kv
           ? kv_esz * static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim)
           : kv_esz * 2.0 * static_cast<double>(kv_heads_per_rank(c.n_kv_heads, group) * c.head_dim);
   rb.head = esz * static_cast<double>(c.vocab_size / (attn_tp > 1 ? attn_tp : 1)) * H + 4.0 * H;
-  rb.embed_row = esz * H;
+  // A token's embedding row (--attn-tp: read by the rank whose rows hold it, 1/N of the
+  // tokens on the mean).
+  rb.embed_row = esz * H / (attn_tp > 1 ? attn_tp : 1);
   rb.e_begin = e_begin;
   rb.e_end = e_end;
   if (!o.model_dir.empty()) {  // the checkpoint's experts: this EP rank's block of the first MoE layer

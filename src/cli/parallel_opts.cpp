@@ -75,8 +75,9 @@ void add_model_parallel_options(CLI::App* cmd, ParallelOptions& o) {
   cmd->add_option("--attn-tp", o.par.attn_tp,
                   "Attention tensor-parallel over the EP group (vLLM's --tensor-parallel-size N "
                   "--enable-expert-parallel, the seed's layout): attention heads, the KV cache (GQA), the shared "
-                  "experts, dense MLP layers and the lm_head's vocabulary are split over the ranks of a DP replica "
-                  "(must equal world / --dp), while each routed expert stays whole on its EP rank. With --dp 1 and "
+                  "experts, dense MLP layers and the vocabulary (embedding and lm_head rows) are split over the ranks "
+                  "of a DP replica (must equal world / --dp), while each routed expert stays whole on its EP rank. "
+                  "With --dp 1 and "
                   "--moe-comm auto or allreduce every MoE layer ends in one all-reduce of routed + shared partial "
                   "outputs; with the all-to-all strategies or --dp > 1 each rank of a replica dispatches its share of "
                   "the rows and the replica gathers them back. Every rank reads 1/N of the attention, shared-expert "

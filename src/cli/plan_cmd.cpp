@@ -33,10 +33,11 @@
 //               ways, everything else whole; per MoE layer a layout exchange, a
 //               dispatch/combine exchange and an all-gather of the outputs.
 //   attn-tp     --ep N --attn-tp N: attention heads, GQA's KV cache, shared experts,
-//               dense MLPs and lm_head split N ways (the bytes of one rank's slices,
-//               model_reads on rank 0 of N); two all-reduces per layer (attention, MLP
-//               block) and one all-gather of the logits per step (each node's slice, or
-//               its --top-k best (value, id) pairs when the sampler reads only those).
+//               dense MLPs, embeddings and lm_head split N ways (the bytes of one rank's
+//               slices, model_reads on rank 0 of N); per step one all-reduce of the
+//               embedding rows, two per layer (attention, MLP block) and one all-gather
+//               of the logits (each node's slice, or its --top-k best (value, id) pairs
+//               when the sampler reads only those).
 // A collective costs ceil(log2 N) x latency (recursive doubling) plus the bytes a node
 // sends ("wire"): an all-reduce 2 (N-1)/N x its size (ring; OpenMPI's non-blocking
 // binomial reduce + broadcast sends the same in all, unevenly: 1 to 2 x the size per
@@ -181,10 +182,12 @@ LayoutCost layout_cost(const LayoutInputs& in, const std::string& name, int64_t 
   } else {  // attn-tp
     r.flags = fmt::format("--ep {} --attn-tp {}", in.N, in.N);
     r.possible = in.attn_tp >= 0;
-    // The routers stay whole; everything else outside the experts is split N ways.
-    r.read = in.attn_tp + in.dense / N + (in.shared - in.router) / N + in.router + in.lm / N + c * in.embed_row +
+    // The routers stay whole; everything else outside the experts is split N ways (a
+    // node looks up the embedding rows of the tokens in its 1/N of the vocabulary).
+    r.read = in.attn_tp + in.dense / N + (in.shared - in.router) / N + in.router + in.lm / N + c * in.embed_row / N +
              touched(c) * in.expert * moe_layers + c * in.kv_seq * in.kv_tp_share;
-    r.collectives = in.N > 1 ? 2 * layers + 1 : 0;
+    // The embedding's all-reduce, two per layer, the logits' all-gather.
+    r.collectives = in.N > 1 ? 2 * layers + 2 : 0;
     // Logits: a node sends its slice of each row ([V / N] f32), or its top_k best
     // (value, id) pairs when they are fewer (Model::gather_vocab_logits), to each other node.
     const double reduce = 2 * (N - 1) / N * c * H * 4;
@@ -192,7 +195,7 @@ LayoutCost layout_cost(const LayoutInputs& in, const std::string& name, int64_t 
     const double part = in.top_k > 0 && 2.0 * static_cast<double>(in.top_k) < std::floor(slice)
                             ? static_cast<double>(in.top_k) * 8
                             : slice * 4;
-    r.wire = in.N > 1 ? 2 * layers * reduce + (N - 1) * c * part : 0;
+    r.wire = in.N > 1 ? (2 * layers + 1) * reduce + (N - 1) * c * part : 0;
     r.net_s = in.N > 1 ? r.collectives * hops * in.lat + r.wire / link : 0;
   }
   r.mem_s = in.bw > 0 ? r.read / in.bw : 0;

@@ -180,6 +180,10 @@ Tensor Checkpoint::view(const std::string& key) const {
 
 Tensor Checkpoint::view_raw(const std::string& key) const { return s_->file_with(key).view_raw(key); }
 
+Tensor Checkpoint::view_raw(const std::string& key, uint64_t begin, uint64_t end) const {
+  return s_->file_with(key).view_raw(key, begin, end);
+}
+
 Tensor Checkpoint::view_elems(const std::string& key, int64_t elem_begin, const Shape& shape) const {
   return s_->file_with(key).view_elems(key, elem_begin, shape);
 }

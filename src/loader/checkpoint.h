@@ -45,6 +45,8 @@ class Checkpoint {
   // The bytes of `key` as stored, U8 [nbytes], zero-copy and counted (a GGUF quantised
   // tensor's blocks: loader/gguf/gguf_experts.h).
   Tensor view_raw(const std::string& key) const;
+  // Bytes [begin, end) of them, counting only those.
+  Tensor view_raw(const std::string& key, uint64_t begin, uint64_t end) const;
   // Elements [elem_begin, elem_begin + numel(shape)) of `key`, shaped `shape`: a
   // zero-copy view that touches (and counts) only those bytes.
   Tensor view_elems(const std::string& key, int64_t elem_begin, const Shape& shape) const;

@@ -492,6 +492,17 @@ Tensor SafetensorsFile::view_raw(const std::string& name) {
                       mapping_);
 }
 
+Tensor SafetensorsFile::view_raw(const std::string& name, uint64_t begin, uint64_t end) {
+  auto it = index_.find(name);
+  MOE_CHECK(it != index_.end(), "tensor '{}' not found in safetensors file '{}'", name, path_);
+  const TensorInfo& info = tensors_[it->second];
+  MOE_CHECK(begin <= end && end <= info.nbytes, "tensor '{}' in '{}' holds {} bytes: [{}, {}) is outside it", name,
+            path_, info.nbytes, begin, end);
+  touch(info.offset + begin, info.offset + end);
+  return Tensor::wrap(static_cast<char*>(mapping_.get()) + info.offset + begin, {static_cast<int64_t>(end - begin)},
+                      DType::U8, mapping_);
+}
+
 Tensor SafetensorsFile::view(const std::string& name) {
   auto it = index_.find(name);
   MOE_CHECK(it != index_.end(), "tensor '{}' not found in safetensors file '{}'", name, path_);

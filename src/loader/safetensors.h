@@ -88,6 +88,9 @@ class SafetensorsFile {
   // The tensor's bytes as stored, U8 [nbytes], zero-copy (for a quantised GGUF tensor:
   // its blocks, which loader/gguf decomposes into the engine's integer formats).
   Tensor view_raw(const std::string& name);
+  // Bytes [begin, end) of those, counting only them (a GGUF quantised tensor's whole
+  // rows: row r is bytes [r * row_bytes, (r + 1) * row_bytes)).
+  Tensor view_raw(const std::string& name, uint64_t begin, uint64_t end);
   // Elements [elem_begin, elem_begin + numel(shape)) of tensor `name` (row-major),
   // shaped `shape`: a zero-copy view that counts only those bytes. Throws naming the
   // tensor and the file if the range is outside the tensor.

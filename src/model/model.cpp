@@ -210,17 +210,23 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   // 1.2 GB for Qwen3-30B-A3B). Tied to lm_head it is dequantised at load instead, as
   // lm_head's Linear packs it. FP8 (no release quantises it, but a checkpoint may):
   // dequantised at load.
-  const TensorRead er = embed_read(c);
+  // Vocabulary-parallel under --attn-tp (as vLLM's VocabParallelEmbedding): rank r holds
+  // the rows [V r / N, V (r + 1) / N) of the embedding and of lm_head. A step looks up the
+  // tokens in its rows, zeros for the others, and the attention-TP group sums them
+  // (forward): a long-running server touches every row in time, and each rank's mapping
+  // then holds 1/N of them.
+  m->vocab_ = m->attn_tp_ ? vocab_range(c.vocab_size, attn_rank, attn) : std::pair<int64_t, int64_t>{0, c.vocab_size};
+  const TensorRead er = m->attn_tp_ ? embed_read(c, m->vocab_) : embed_read(c);
   if (const TensorInfo& ei = ck.info(er.key); ei.quantized() && !c.tie_embeddings) {
     MOE_CHECK(ei.shape == er.shape, "{}: {} has shape {}, the config says {}", dir, er.key, shape_str(ei.shape),
               shape_str(er.shape));
     const auto t = static_cast<gguf::GgmlType>(ei.ggml_type);
-    m->embed_ = ck.view_raw(er.key);
-    m->embed_ggml_ = ei.ggml_type;
     m->embed_row_bytes_ = gguf::ggml_row_bytes(t, c.hidden_size);
-    MOE_CHECK(m->embed_.nbytes() == static_cast<size_t>(c.vocab_size) * m->embed_row_bytes_,
-              "{}: {} holds {} bytes, {} rows of {} {} weights need {}", dir, er.key, m->embed_.nbytes(),
-              c.vocab_size, c.hidden_size, gguf::ggml_type_name(t), c.vocab_size * m->embed_row_bytes_);
+    MOE_CHECK(ei.nbytes == static_cast<uint64_t>(c.vocab_size) * m->embed_row_bytes_,
+              "{}: {} holds {} bytes, {} rows of {} {} weights need {}", dir, er.key, ei.nbytes, c.vocab_size,
+              c.hidden_size, gguf::ggml_type_name(t), c.vocab_size * m->embed_row_bytes_);
+    m->embed_ = ck.view_raw(er.key, m->vocab_.first * m->embed_row_bytes_, m->vocab_.second * m->embed_row_bytes_);
+    m->embed_ggml_ = ei.ggml_type;
   } else {
     m->embed_ = is_fp8_weight(ck, er.key) ? load_f32(ck, er) : load_sharded(ck, er);
   }
@@ -231,14 +237,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   // int8's bytes at decode, but its GEMM is ~1.6x int8's time at prefill (a float step per
   // 32 inputs; docs/PERF.md), so --quantize-linears w8a8 is the prefill-heavy choice.
   lin.keep_int4 = opt.gguf_q4_0_as_int4 && !opt.quantize_linears;
-  // Vocabulary-parallel under --attn-tp: this rank's rows of lm_head only. (The
-  // embedding stays a whole view of the mapping: a step touches only its tokens' rows,
-  // so splitting it would add a collective per step and save no bytes read.)
-  m->vocab_ = m->attn_tp_ ? vocab_range(c.vocab_size, attn_rank, attn) : std::pair<int64_t, int64_t>{0, c.vocab_size};
+  // Vocabulary-parallel under --attn-tp: this rank's rows of lm_head only.
   if (const auto lm = m->attn_tp_ ? lm_head_read(c, m->vocab_) : lm_head_read(c))
     m->lm_head_ = load_linear(ck, *lm, lin);
-  else  // tie_word_embeddings: packed from the view, no f32 copy of [V, H]
-    m->lm_head_ = make_linear(m->embed_.slice_rows(m->vocab_.first, m->vocab_.second), lin);
+  else  // tie_word_embeddings: packed from the view (this rank's rows), no f32 copy of [V, H]
+    m->lm_head_ = make_linear(m->embed_, lin);
   m->rope_ = Rope(c.rope);
   progress.advance(lb.outside);
 
@@ -427,14 +430,20 @@ Tensor Model::forward(const StepBatch& b) {
   for (int64_t t = 0; t < T; ++t) {
     const int32_t id = b.tokens[t];
     MOE_CHECK(id >= 0 && id < V, "token id {} is out of vocabulary (vocab_size {})", id, V);
+    if (id < vocab_.first || id >= vocab_.second) {  // another rank's row (--attn-tp): summed below
+      std::fill(hp + t * H, hp + (t + 1) * H, 0.f);
+      continue;
+    }
+    const size_t row = static_cast<size_t>(id - vocab_.first);
     if (embed_ggml_ >= 0)
       gguf::dequantize_row(static_cast<gguf::GgmlType>(embed_ggml_),
-                           static_cast<const char*>(embed_.raw()) + static_cast<size_t>(id) * embed_row_bytes_,
-                           hp + t * H, H);
+                           static_cast<const char*>(embed_.raw()) + row * embed_row_bytes_, hp + t * H, H);
     else
-      convert_to_f32(static_cast<const char*>(embed_.raw()) + static_cast<size_t>(id) * H * esz, embed_.dtype(),
-                     hp + t * H, H);
+      convert_to_f32(static_cast<const char*>(embed_.raw()) + row * H * esz, embed_.dtype(), hp + t * H, H);
   }
+  // Each row is one rank's values plus zeros: the sum is exact (a -0 embedding value
+  // comes back +0, which changes no later value).
+  if (attn_tp_ && T > 0) attn_tp_->all_reduce_sum(hp, static_cast<size_t>(T * H));
   rope_.tables(b.positions.data(), T, rope_tab_);
   const Tensor& xn = step_buffer(step_xn_, T, H);
   float* xp = step_xn_.data<float>();

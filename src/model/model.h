@@ -167,8 +167,10 @@ class Model {
   std::unique_ptr<ParallelGroups> groups_;
   Communicator* tp_ = nullptr;  // attention TP group (size par.tp or par.attn_tp), nullptr if 1
   Communicator* attn_tp_ = nullptr;  // --attn-tp: that group, which also splits MLPs and vocab
-  std::pair<int64_t, int64_t> vocab_;  // lm_head rows this rank holds [first, second)
-  Tensor embed_;                 // [V, H] checkpoint dtype (view of the mapping), or U8 blocks (below)
+  std::pair<int64_t, int64_t> vocab_;  // embedding and lm_head rows this rank holds [first, second)
+  // [V_r, H] checkpoint dtype (a view of the mapping), or U8 blocks (below): the rows
+  // vocab_ of the embedding (all of them but under --attn-tp)
+  Tensor embed_;
   int32_t embed_ggml_ = -1;      // >= 0: embed_ is a GGUF quantised token_embd of this ggml type, V rows
   uint64_t embed_row_bytes_ = 0;  // of embed_row_bytes_ bytes each, dequantised per token
   Tensor final_norm_;            // f32 [H]

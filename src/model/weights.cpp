@@ -9,6 +9,12 @@ TensorRead embed_read(const ModelConfig& c) {
   return {ModelKeys().embed + ".weight", {c.vocab_size, c.hidden_size}, ShardRule::replicated()};
 }
 
+TensorRead embed_read(const ModelConfig& c, std::pair<int64_t, int64_t> vocab) {
+  TensorRead r = embed_read(c);
+  r.rule = ShardRule::column().window(vocab.first, vocab.second - vocab.first);
+  return r;
+}
+
 TensorRead final_norm_read(const ModelConfig& c) { return norm_read(ModelKeys().final_norm, c.hidden_size); }
 
 std::optional<LinearRead> lm_head_read(const ModelConfig& c) {
@@ -34,9 +40,9 @@ TensorRead post_attn_norm_read(const ModelConfig& c, int64_t l) {
 
 std::vector<TensorRead> model_reads(const ModelConfig& c, int tp_rank, int tp, bool vocab_parallel) {
   const FamilyHooks& fam = find_family(c.model_type);
-  std::vector<TensorRead> out = {embed_read(c), final_norm_read(c)};
-  if (const auto lm = vocab_parallel ? lm_head_read(c, vocab_range(c.vocab_size, tp_rank, tp)) : lm_head_read(c))
-    out.push_back(lm->weight);
+  const std::pair<int64_t, int64_t> vocab = vocab_range(c.vocab_size, tp_rank, tp);
+  std::vector<TensorRead> out = {vocab_parallel ? embed_read(c, vocab) : embed_read(c), final_norm_read(c)};
+  if (const auto lm = vocab_parallel ? lm_head_read(c, vocab) : lm_head_read(c)) out.push_back(lm->weight);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     out.push_back(input_norm_read(c, l));
     out.push_back(post_attn_norm_read(c, l));

@@ -17,6 +17,8 @@
 namespace moe {
 
 TensorRead embed_read(const ModelConfig& c);       // [V, H], replicated
+// Vocabulary-parallel: rows [vocab.first, vocab.second) of the embedding only.
+TensorRead embed_read(const ModelConfig& c, std::pair<int64_t, int64_t> vocab);
 TensorRead final_norm_read(const ModelConfig& c);  // [H]
 // [V, H], replicated; none when tie_word_embeddings (the embeddings serve as lm_head).
 std::optional<LinearRead> lm_head_read(const ModelConfig& c);
@@ -30,7 +32,7 @@ TensorRead post_attn_norm_read(const ModelConfig& c, int64_t layer);  // [H]
 
 // All of the above plus every layer's attention (attention_reads) on TP rank
 // `tp_rank` of `tp`, in the order Model::load reads them. Throws if tp does not divide
-// the attention heads. vocab_parallel (--attn-tp): lm_head's rows
+// the attention heads. vocab_parallel (--attn-tp): the embedding's and lm_head's rows
 // vocab_range(V, tp_rank, tp) only.
 std::vector<TensorRead> model_reads(const ModelConfig& c, int tp_rank, int tp, bool vocab_parallel = false);
 

@@ -9,8 +9,9 @@
 //   --kv-cache-dtype bf16 under --ep R (all-to-all)   the one-rank bf16-cache logits, bitwise
 //   --ep R --attn-tp R (attention, KV, shared experts, dense MLPs, vocab split R ways;
 //     the seed's vLLM layout)                           every fixture; R = 3: errors
-//   the collectives of one --attn-tp decode step        one all-reduce per attention
-//                                                       and per MLP block, one gather
+//   the collectives of one --attn-tp decode step        one all-reduce of the embedding,
+//                                                       one per attention and per MLP
+//                                                       block, one gather
 //   greedy / top-k rows under --attn-tp                 each rank sends its k best;
 //                                                       the token of the whole row
 #include <gtest/gtest.h>
@@ -217,10 +218,11 @@ CountedStep count_decode_step(const std::string& dir, const ParallelConfig& par)
   return {*tally, m->config(), logits.dim(1)};
 }
 
-// The collectives of the seed's layout, counted on every rank: a decode step runs, per
-// layer, one all-reduce after attention (row-parallel o_proj) and one for the MLP block
-// (MoE: routed + shared partials together; dense: the row-parallel down_proj), and one
-// all-gather of the vocabulary-parallel logits. Nothing else.
+// The collectives of the seed's layout, counted on every rank: a decode step runs one
+// all-reduce of the vocabulary-parallel embedding's rows, then per layer one after
+// attention (row-parallel o_proj) and one for the MLP block (MoE: routed + shared
+// partials together; dense: the row-parallel down_proj), and one all-gather of the
+// vocabulary-parallel logits. Nothing else.
 TEST(ModelAttnTp, OneAllReducePerAttentionAndPerMlpBlock) {
   const int R = world().size();
   if (R != 2 && R != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
@@ -228,7 +230,7 @@ TEST(ModelAttnTp, OneAllReducePerAttentionAndPerMlpBlock) {
     SCOPED_TRACE(name);
     const CountedStep c = count_decode_step(test::fixtures_dir() + "/" + name, {R, 1, 1, R});
     EXPECT_EQ(c.vocab_out, c.config.vocab_size);
-    const test::CountingComm::Tally want = {{"all_reduce", 2 * c.config.n_layers}, {"all_gather_v", 1}};
+    const test::CountingComm::Tally want = {{"all_reduce", 2 * c.config.n_layers + 1}, {"all_gather_v", 1}};
     EXPECT_EQ(c.tally, want);
   }
 }
