@@ -182,6 +182,21 @@ TEST(GgufCheckpoint, QuantisedTypesGiveGgufPysDequantisedValues) {
   EXPECT_EQ(e.nbytes, static_cast<uint64_t>(e.shape[0] * e.shape[1] / 32 * 34));
 }
 
+// A quantised token_embd tied to the output (ERNIE-4.5: no output tensor): lookups read
+// its Q8_0 blocks, lm_head packs their dequantised rows; the logits are those of the twin
+// file whose token_embd holds the same values in F32, bit for bit, and the model keeps
+// the blocks, not an f32 copy.
+TEST(GgufCheckpoint, TiedQuantisedEmbeddingEqualsItsDequantisedTwin) {
+  const auto f = fixture("ernie4_5_moe");
+  const std::string q = kModels + "ernie4_5_moe-Q8_0-embd.gguf";
+  expect_same_logits(q, kModels + "ernie4_5_moe-Q8_0-embd-ref.gguf", f.prompts);
+  const Checkpoint ck = Checkpoint::open(q);
+  const TensorInfo& e = ck.info("model.embed_tokens.weight");
+  ASSERT_TRUE(e.quantized());
+  EXPECT_EQ(load(q, DType::F32, false)->embedding_bytes(), e.nbytes);
+  EXPECT_EQ(e.nbytes, static_cast<uint64_t>(e.shape[0] * e.shape[1] / 32 * 34));
+}
+
 // Q4_0 experts load into W4A8 int4 with no loss: every local expert's (u - z) * s is
 // gguf-py's dequantised value, bit for bit, on one rank, under EP and under MoE-TP.
 TEST(GgufCheckpoint, Q4_0ExpertsAreExactInt4) {

@@ -19,6 +19,9 @@ Into tests/fixtures/gguf/models/:
                         rows permuted for ggml's interleaved RoPE as the converter does
   ernie4_5_moe-F32.gguf tests/fixtures/ernie4_5_moe as `ernie4_5-moe` (a dense first layer,
                         a shared expert, the selection bias exp_probs_b, tied embeddings)
+  ernie4_5_moe-Q8_0-embd.gguf, ernie4_5_moe-Q8_0-embd-ref.gguf
+                        the same with its tied token_embd in Q8_0, and with those blocks'
+                        dequantised F32 values (the twin it must equal)
   deepseek_v{3,2}-F32.gguf
                         tests/fixtures/deepseek_v3 (q_lora, sigmoid noaux_tc, exp_probs_b) and
                         deepseek_v2 (no q_lora: attn_q; softmax, group-limited) as `deepseek2`,
@@ -236,13 +239,16 @@ def placeholder_vocab(w, cfg, pre):
     w.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
 
 
-def convert_ernie(src, out):
+def convert_ernie(src, out, embd=None):
     """An ERNIE-4.5-MoE fixture -> GGUF as convert_hf_to_gguf.py's Ernie4_5MoeModel writes
     it (F32): TextModel's hparams plus its expert keys (expert_shared_feed_forward_length
     as intermediate_size // num_key_value_heads, as it computes it), q and k not permuted
     (ERNIE's RoPE already rotates interleaved pairs), experts stacked, the router bias
     renamed e_score_correction.bias as its filter_tensors does, tied embeddings without an
-    output tensor, and every name from gguf-py's own TensorNameMap for the architecture."""
+    output tensor, and every name from gguf-py's own TensorNameMap for the architecture.
+    embd "q8_0": token_embd quantised to Q8_0 by gguf.quants (the tied output quantised,
+    as llama-quantize leaves a tied token_embd); "q8_0-ref": token_embd as those Q8_0
+    blocks' dequantised f32 values, the twin the quantised file must equal."""
     cfg, tensors = load_dir(os.path.join(FIX, src))
     L, E = cfg["num_hidden_layers"], cfg["moe_num_experts"]
     arch = gguf.MODEL_ARCH.ERNIE4_5_MOE
@@ -264,7 +270,14 @@ def convert_ernie(src, out):
         if ".mlp.experts." in hf:  # stacked per (layer, projection), in expert order
             experts.setdefault((int(m[2]), m[6]), {})[int(m[5])] = as_f32(tensors[name])
             continue
-        w.add_tensor(names.get_name(hf, try_suffixes=(".weight", ".bias")), as_f32(tensors[name]))
+        a = as_f32(tensors[name])
+        if hf == "model.embed_tokens.weight" and embd is not None:
+            raw = gguf.quants.quantize(a, T.Q8_0)
+            if embd == "q8_0":
+                w.add_tensor("token_embd.weight", raw, raw_dtype=T.Q8_0)
+                continue
+            a = gguf.quants.dequantize(raw, T.Q8_0).astype(np.float32).reshape(a.shape)
+        w.add_tensor(names.get_name(hf, try_suffixes=(".weight", ".bias")), a)
     for (l, proj), per in sorted(experts.items()):
         assert sorted(per) == list(range(E))
         gname = names.get_name(f"model.layers.{l}.mlp.experts.{proj}.weight", try_suffixes=(".weight",))
@@ -466,6 +479,8 @@ def main():
     convert("chat_qwen3", "qwen3moe", os.path.join(OUT, "chat_qwen3-BF16.gguf"), f32=False, tokenizer="chat_qwen3")
     convert_mixtral("mixtral", os.path.join(OUT, "mixtral-F32.gguf"))
     convert_ernie("ernie4_5_moe", os.path.join(OUT, "ernie4_5_moe-F32.gguf"))
+    convert_ernie("ernie4_5_moe", os.path.join(OUT, "ernie4_5_moe-Q8_0-embd.gguf"), embd="q8_0")
+    convert_ernie("ernie4_5_moe", os.path.join(OUT, "ernie4_5_moe-Q8_0-embd-ref.gguf"), embd="q8_0-ref")
     convert_deepseek("deepseek_v3", os.path.join(OUT, "deepseek_v3-F32.gguf"), T.F32)
     convert_deepseek("deepseek_v2", os.path.join(OUT, "deepseek_v2-F32.gguf"), T.F32)
     convert_deepseek("deepseek_v3", os.path.join(OUT, "deepseek_v3-BF16.gguf"), T.BF16)

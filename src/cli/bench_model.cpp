@@ -20,7 +20,7 @@
 // router and norm weights, the experts the step's tokens touched, the KV cache of the
 // context, lm_head) over the read bandwidth measured in the same run (kernels/probes.h).
 // Under mpirun (--ep N: attention replicated; --tp or --attn-tp N: heads, and under
-// --attn-tp the lm_head's vocabulary, split) the floor of a step is the slowest rank's
+// --attn-tp the vocabulary, split) the floor of a step is the slowest rank's
 // bytes over its bandwidth, the ranks probing the memory at once.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -340,7 +340,7 @@ double macs_per_token_linear(const ModelConfig& c) {
 
 // The bytes a decode step reads on this rank, per part, as the model holds them:
 // attention and norms are this rank's slices (model_reads, as Model::load reads them:
-// split over --tp or --attn-tp, lm_head's vocabulary too under --attn-tp) at --dtype,
+// split over --tp or --attn-tp, the vocabulary too under --attn-tp) at --dtype,
 // 1-D tensors in f32; routers in f32; shared experts and dense MLPs whole, or split
 // over --attn-tp; one routed expert at --dtype (W8A8: int8 + an f32 scale and an i32
 // compensation per output column, kernels/grouped_gemm.h); K/V per position at the

@@ -133,9 +133,9 @@ int run_inspect(const InspectOptions& opts) {
     fmt::print("    {:<16} {:>8} {:>14} {:>6.1f}%\n", tensor_kind_name(kind), t.count, gb(t.bytes),
                inv.tensor_bytes ? 100.0 * t.bytes / inv.tensor_bytes : 0.0);
   if (o.attn_tp > 1)
-    fmt::print("  read plan for --ep {} --attn-tp {} ({} rank{}; attention heads, shared experts, dense MLPs and "
-               "lm_head's vocabulary split over the {} ranks, routed experts whole on their EP rank, embeddings "
-               "and routers whole; experts at --dtype {} in memory, int4 ones (GPTQ, AWQ, compressed-tensors, GGUF "
+    fmt::print("  read plan for --ep {} --attn-tp {} ({} rank{}; attention heads, shared experts, dense MLPs and the "
+               "vocabulary (embedding and lm_head rows) split over the {} ranks, routed experts whole on their EP "
+               "rank, routers whole; experts at --dtype {} in memory, int4 ones (GPTQ, AWQ, compressed-tensors, GGUF "
                "Q4_0) in int4):\n",
                o.ep, o.attn_tp, plans.size(), plans.size() == 1 ? "" : "s", o.attn_tp, dtype_name(compute));
   else
@@ -249,7 +249,7 @@ std::vector<Verb> add_inspect_verbs(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--attn-tp", o->attn_tp,
                 "Attention-TP size to plan for over the EP group (the model verbs' --attn-tp: heads, KV, shared "
-                "experts, dense MLPs and lm_head's vocabulary split N ways; sets --ep N when --ep is not given)")
+                "experts, dense MLPs and the vocabulary split N ways; sets --ep N when --ep is not given)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   c->add_flag("--strict", o->strict, "Unexpected tensors (keys the model does not read) are errors");

@@ -9,7 +9,7 @@
 //                 dp_rank = rank / (world/dp), attn_tp_rank = rank % (world/dp)
 //   attn_tp (--attn-tp, the vLLM layout of the seed 003: attention tensor-parallel
 //   over the EP group): attention heads, the shared experts and dense MLPs and the
-//   lm_head's vocabulary are split over the whole DP replica (attn_tp = world/dp,
+//   vocabulary (embedding, lm_head) are split over the whole DP replica (attn_tp = world/dp,
 //   the "dp" communicator), while every routed expert stays whole (tp must be 1).
 //
 // Example, world 4, --ep 2 --tp 2 --dp 2:

@@ -112,7 +112,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   // Parallel layout. tp_rank/tp: MoE-TP (each expert's I). attn_rank/attn: the group
   // attention heads are split over: the MoE-TP group under --tp, the EP group (the DP
   // replica) under --attn-tp, which also splits the shared experts, dense MLPs and the
-  // lm_head's vocabulary.
+  // vocabulary (embedding and lm_head rows).
   const bool multi = opt.world && opt.world->size() > 1;
   int tp_rank = 0, tp = 1, attn_rank = 0, attn = 1;
   EpOptions ep_opt = opt.ep;
@@ -207,8 +207,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   // A view of the mapping (rows are converted per token). A GGUF quantised token_embd
   // (Q8_0, Q4_K, ...) stays its blocks, each row dequantised when a token needs it:
   // bit for bit the values of a dequantised copy, without the copy (V x H x 4 bytes:
-  // 1.2 GB for Qwen3-30B-A3B). Tied to lm_head it is dequantised at load instead, as
-  // lm_head's Linear packs it. FP8 (no release quantises it, but a checkpoint may):
+  // 1.2 GB for Qwen3-30B-A3B). Tied to lm_head, its dequantised rows live only while
+  // lm_head's Linear packs them. FP8 (no release quantises it, but a checkpoint may):
   // dequantised at load.
   // Vocabulary-parallel under --attn-tp (as vLLM's VocabParallelEmbedding): rank r holds
   // the rows [V r / N, V (r + 1) / N) of the embedding and of lm_head. A step looks up the
@@ -217,7 +217,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   // then holds 1/N of them.
   m->vocab_ = m->attn_tp_ ? vocab_range(c.vocab_size, attn_rank, attn) : std::pair<int64_t, int64_t>{0, c.vocab_size};
   const TensorRead er = m->attn_tp_ ? embed_read(c, m->vocab_) : embed_read(c);
-  if (const TensorInfo& ei = ck.info(er.key); ei.quantized() && !c.tie_embeddings) {
+  Tensor tied_rows;  // a quantised token_embd tied to lm_head: f32 [V_r, H], packed below, then freed
+  if (const TensorInfo& ei = ck.info(er.key); ei.quantized()) {
     MOE_CHECK(ei.shape == er.shape, "{}: {} has shape {}, the config says {}", dir, er.key, shape_str(ei.shape),
               shape_str(er.shape));
     const auto t = static_cast<gguf::GgmlType>(ei.ggml_type);
@@ -227,6 +228,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
               c.hidden_size, gguf::ggml_type_name(t), c.vocab_size * m->embed_row_bytes_);
     m->embed_ = ck.view_raw(er.key, m->vocab_.first * m->embed_row_bytes_, m->vocab_.second * m->embed_row_bytes_);
     m->embed_ggml_ = ei.ggml_type;
+    if (c.tie_embeddings) tied_rows = load_sharded(ck, er);
   } else {
     m->embed_ = is_fp8_weight(ck, er.key) ? load_f32(ck, er) : load_sharded(ck, er);
   }
@@ -241,7 +243,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   if (const auto lm = m->attn_tp_ ? lm_head_read(c, m->vocab_) : lm_head_read(c))
     m->lm_head_ = load_linear(ck, *lm, lin);
   else  // tie_word_embeddings: packed from the view (this rank's rows), no f32 copy of [V, H]
-    m->lm_head_ = make_linear(m->embed_, lin);
+    m->lm_head_ = make_linear(tied_rows.defined() ? tied_rows : m->embed_, lin);
   m->rope_ = Rope(c.rope);
   progress.advance(lb.outside);
 
