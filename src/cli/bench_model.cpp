@@ -250,12 +250,11 @@ struct DecodeResult {
 
 struct RankBytes {
   std::vector<double> fixed;    // per layer: attention + norms, and the dense MLP or router + shared experts
-  double attn_per_layer = 0;    // attention + norms, averaged over the layers (reported)
   double expert_bytes = 0;      // one routed expert (W13 + W2) on this rank
   double kv_per_pos_layer = 0;  // K + V of one position (at the cache's dtype)
   double head = 0;              // lm_head + final norm
   double embed_row = 0;
-  int64_t e_begin = 0, e_end = 0;
+  std::vector<std::vector<int32_t>> experts;  // per layer: the logical experts this rank holds (empty: dense)
 };
 
 DecodeResult run_decode(Model& m, Communicator& world, int64_t B, const BenchModelOptions& o, const RankBytes& rb,
@@ -282,7 +281,7 @@ DecodeResult run_decode(Model& m, Communicator& world, int64_t B, const BenchMod
       const auto& now = m.expert_load()[l];
       if (now.empty()) continue;
       int64_t touched = 0;
-      for (int64_t e = rb.e_begin; e < rb.e_end; ++e) touched += now[e] > before[l][e];
+      for (int32_t e : rb.experts[l]) touched += now[e] > before[l][e];
       moe += touched * rb.expert_bytes;
       experts_tot += touched;
       if (s == 0) ++moe_layers;
@@ -345,8 +344,7 @@ double macs_per_token_linear(const ModelConfig& c) {
 // over --attn-tp; one routed expert at --dtype (W8A8: int8 + an f32 scale and an i32
 // compensation per output column, kernels/grouped_gemm.h); K/V per position at the
 // cache's dtype (MLA: the latent and the RoPE key, whole on every rank).
-RankBytes rank_bytes(Model& m, const BenchModelOptions& o, DType dtype, DType kv_dtype, bool w8a8, int64_t e_begin,
-                     int64_t e_end) {
+RankBytes rank_bytes(Model& m, const BenchModelOptions& o, DType dtype, DType kv_dtype, bool w8a8) {
   const ModelConfig& c = m.config();
   const MoeConfig& mc = c.moe;
   const int rank = m.rank();
@@ -354,18 +352,7 @@ RankBytes rank_bytes(Model& m, const BenchModelOptions& o, DType dtype, DType kv
   const int group = attn_tp > 1 ? attn_tp : tp, group_rank = attn_tp > 1 ? rank % attn_tp : rank % tp;
   const double esz = static_cast<double>(dtype_size(dtype)), H = static_cast<double>(c.hidden_size);
   RankBytes rb;
-  rb.fixed.assign(c.n_layers, 0);
-  const TensorRead embed = embed_read(c), norm = final_norm_read(c);
-  const auto lm = lm_head_read(c);
-  for (const TensorRead& r : model_reads(c, group_rank, group, attn_tp > 1)) {
-    if (r.key == embed.key || r.key == norm.key || (lm && r.key == lm->weight.key)) continue;
-    double n = 1;
-    for (int64_t d : plan_shard(r).out_shape) n *= static_cast<double>(d);
-    if (r.layer >= 0 && r.layer < c.n_layers) rb.fixed[r.layer] += n * (r.shape.size() >= 2 ? esz : 4.0);
-  }
-  double attn = 0;
-  for (double f : rb.fixed) attn += f;
-  rb.attn_per_layer = attn / static_cast<double>(c.n_layers);
+  rb.fixed = layer_held_bytes(c, group_rank, group, esz);
   const double mlp_split = attn_tp > 1 ? attn_tp : 1;  // shared experts, dense MLPs: whole under --tp
   for (int64_t l = 0; l < c.n_layers; ++l) {
     if (!mc.is_moe_layer(l)) {
@@ -387,18 +374,11 @@ RankBytes rank_bytes(Model& m, const BenchModelOptions& o, DType dtype, DType kv
   // A token's embedding row (--attn-tp: read by the rank whose rows hold it, 1/N of the
   // tokens on the mean).
   rb.embed_row = esz * H / (attn_tp > 1 ? attn_tp : 1);
-  rb.e_begin = e_begin;
-  rb.e_end = e_end;
-  if (!o.model_dir.empty()) {  // the checkpoint's experts: this EP rank's block of the first MoE layer
-    for (int64_t l = 0; l < c.n_layers; ++l)
-      if (mc.is_moe_layer(l)) {
-        const Placement& pl = m.placement(l);
-        const int ep_rank = rank / tp;
-        rb.e_begin = pl.begin(ep_rank);
-        rb.e_end = pl.end(ep_rank);
-        break;
-      }
-  }
+  // The experts this EP rank holds, layer by layer (its placement's slots: contiguous,
+  // redundant or from a file).
+  rb.experts.resize(c.n_layers);
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    if (mc.is_moe_layer(l)) rb.experts[l] = m.placement(l).rank_experts(rank / tp);
   return rb;
 }
 
@@ -454,7 +434,6 @@ int run_bench_model(const BenchModelOptions& o) {
     std::ifstream in(dir + "/config.json");
     mc = model_config_from_hf(nlohmann::json::parse(in));
   }
-  RankBytes rb;
   MoeLayerWeights layer0;  // shares layer 0's storage, for the MoE check
   ModelOptions mo;
   mo.dtype = dtype;
@@ -469,8 +448,6 @@ int run_bench_model(const BenchModelOptions& o) {
   if (world.rank() == 0) mo.eplb.log = [](const std::string& s) { fmt::print(stderr, "{}\n", s); };
   if (generated) mo.moe_weights = [&](int64_t l, const MlpLoadOptions& lo) {
     const int64_t end = lo.expert_end < 0 ? mc.moe.n_experts : lo.expert_end;
-    rb.e_begin = lo.expert_begin;
-    rb.e_end = end;
     MoeLayerWeights w = bench::random_layer(mc.moe, lo.quantize_w8a8 ? DType::I8 : lo.compute, lo.expert_begin, end,
                                             lo.tp_rank, lo.tp_size);
     if (l == 0) layer0 = w;
@@ -484,18 +461,22 @@ int run_bench_model(const BenchModelOptions& o) {
   Model& m = *model;
   const ModelConfig& c = m.config();
   const int64_t H = c.hidden_size, tp = o.parallel.par.tp, attn_tp = o.parallel.par.attn_tp;
-  rb = rank_bytes(m, o, dtype, mo.kv_cache_dtype, w8a8, rb.e_begin, rb.e_end);
+  const RankBytes rb = rank_bytes(m, o, dtype, mo.kv_cache_dtype, w8a8);
 
   const int threads = num_threads();
   if (root)
     fmt::print(
         "moe-ep bench-model: shape {} ({} layers of H={} heads {}/{} head_dim {} E={} k={} I={}), vocab {}{}, dtype "
-        "{}, KV cache {}, {} rank(s) ({}, moe-comm {}), {} threads per rank, {}\n  built in {:.1f} s (this rank's experts "
-        "[{}, {}))\n",
+        "{}, KV cache {}, {} rank(s) ({}, moe-comm {}), {} threads per rank, {}\n  built in {:.1f} s (this rank holds "
+        "{} experts of its first MoE layer)\n",
         o.model_dir.empty() ? o.shape : o.model_dir, c.n_layers, H, c.n_heads, c.n_kv_heads, c.head_dim, c.moe.n_experts, c.moe.top_k,
         c.moe.moe_intermediate_size, c.vocab_size, !generated || c.vocab_size == shape->vocab ? "" : fmt::format(" (the checkpoint's: {})", shape->vocab),
         w8a8 ? o.dtype + " (routed experts w8a8)" : o.dtype, o.kv_cache_dtype, R, to_string(o.parallel.par), o.parallel.moe_comm,
-        threads, cpu_summary(), build_s, rb.e_begin, rb.e_end);
+        threads, cpu_summary(), build_s, [&] {
+          for (const auto& e : rb.experts)
+            if (!e.empty()) return e.size();
+          return size_t{0};
+        }());
 
   // ---- checks ----
   bool all_ok = true;

@@ -32,7 +32,7 @@ namespace {
 struct InspectOptions {
   std::string model_dir;
   int ep = 1, tp = 1;
-  int attn_tp = 1;  // --attn-tp: attention, KV, shared experts, dense MLPs and lm_head split over the EP group
+  int attn_tp = 1;  // --attn-tp: attention, KV, shared experts, dense MLPs and the vocabulary split over the EP group
   bool strict = false;
   bool load = false;
   bool all_ranks = false;

@@ -136,9 +136,11 @@ LayoutCost layout_cost(const LayoutInputs& in, const std::string& name, int64_t 
   const double N = static_cast<double>(in.N), H = static_cast<double>(in.H);
   const double hops = in.N > 1 ? std::ceil(std::log2(N)) : 0;
   const double link = std::max(in.net, 1e-30);
-  auto touched = [&](double tokens) {
-    return in.experts_here * (1 - std::pow(1 - static_cast<double>(in.k) / static_cast<double>(in.E), tokens));
+  // The chance that one of `tokens` uniformly routed tokens picks a given expert.
+  auto hit = [&](double tokens) {
+    return 1 - std::pow(1 - static_cast<double>(in.k) / static_cast<double>(in.E), tokens);
   };
+  auto touched = [&](double tokens) { return in.experts_here * hit(tokens); };
   const double moe_layers = static_cast<double>(in.n_moe), layers = static_cast<double>(in.n_layers);
   const double c = static_cast<double>(conv);
   if (name == "dp") {
@@ -168,9 +170,8 @@ LayoutCost layout_cost(const LayoutInputs& in, const std::string& name, int64_t 
     // k partial f32 rows back per (row, node); then the outputs are all-gathered.
     r.flags = fmt::format("--tp {}", in.N);
     r.possible = in.attn_split >= 0 && in.moe_tp_fits;
-    const double all_experts = static_cast<double>(in.E) *
-                               (1 - std::pow(1 - static_cast<double>(in.k) / static_cast<double>(in.E), c));
-    r.read = in.attn_split + in.dense + in.shared + in.lm + c * in.embed_row + all_experts * in.expert / N * moe_layers +
+    r.read = in.attn_split + in.dense + in.shared + in.lm + c * in.embed_row +
+             static_cast<double>(in.E) * hit(c) * in.expert / N * moe_layers +
              c * in.kv_seq * in.kv_tp_share;
     // Per MoE layer: the layout exchange, the dispatch/combine exchange, the gather.
     r.collectives = in.N > 1 ? layers + 3 * moe_layers : 0;
@@ -346,12 +347,7 @@ int run_plan(const PlanOptions& o) {
   try {
     // One attention-TP rank's slices, as Model::load reads them under --attn-tp N.
     li.attn_tp = 0;
-    for (const TensorRead& r : model_reads(c, 0, static_cast<int>(N))) {
-      if (r.key == embed_key || r.key == norm_key || (lm && r.key == lm->weight.key)) continue;
-      double n = 1;
-      for (int64_t d : plan_shard(r).out_shape) n *= static_cast<double>(d);
-      li.attn_tp += n * (r.shape.size() >= 2 ? db : 4.0);
-    }
+    for (double b : layer_held_bytes(c, 0, static_cast<int>(N), db)) li.attn_tp += b;
     li.attn_split = li.attn_tp;
     if (c.attention != AttentionKind::Mla)
       li.kv_tp_share = static_cast<double>(kv_heads_per_rank(c.n_kv_heads, static_cast<int>(N))) /

@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include "model/attention.h"
+#include "loader/shard.h"
 #include "model/registry.h"
 
 namespace moe {
@@ -47,6 +48,17 @@ std::vector<TensorRead> model_reads(const ModelConfig& c, int tp_rank, int tp, b
     out.push_back(input_norm_read(c, l));
     out.push_back(post_attn_norm_read(c, l));
     for (TensorRead& r : attention_reads(c, fam.attention_keys(c, l), tp_rank, tp).all()) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<double> layer_held_bytes(const ModelConfig& c, int tp_rank, int tp, double weight_bytes) {
+  std::vector<double> out(c.n_layers, 0);
+  for (const TensorRead& r : model_reads(c, tp_rank, tp)) {
+    if (r.layer < 0 || r.layer >= c.n_layers) continue;  // embeddings, final norm, lm_head
+    double n = 1;
+    for (int64_t d : plan_shard(r).out_shape) n *= static_cast<double>(d);
+    out[r.layer] += n * (r.shape.size() >= 2 ? weight_bytes : 4.0);
   }
   return out;
 }

@@ -36,4 +36,9 @@ TensorRead post_attn_norm_read(const ModelConfig& c, int64_t layer);  // [H]
 // vocab_range(V, tp_rank, tp) only.
 std::vector<TensorRead> model_reads(const ModelConfig& c, int tp_rank, int tp, bool vocab_parallel = false);
 
+// Per decoder layer, the bytes of its norms and attention that rank `tp_rank` of `tp`
+// holds (model_reads' slices): 2-D weights at `weight_bytes` per value, 1-D tensors in
+// f32, as the engine keeps them. `moe-ep plan` and `bench-model` count with it.
+std::vector<double> layer_held_bytes(const ModelConfig& c, int tp_rank, int tp, double weight_bytes);
+
 }  // namespace moe
