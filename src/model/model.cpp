@@ -512,7 +512,7 @@ void Model::gather_vocab_logits(const float* x, int64_t n, const std::vector<int
   }
   vocab_send_.resize(bytes[me]);
   char* out = vocab_send_.data();
-  std::vector<int32_t> order;
+  std::vector<int32_t>& order = vocab_order_;
   for (int64_t i = 0; i < n; ++i) {
     const float* row = mine.data<float>() + i * Vr;
     if (k[i] == 0) {

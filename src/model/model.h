@@ -187,6 +187,7 @@ class Model {
   // --attn-tp: this rank's part of the logits gather, and every rank's, rank after rank
   // (per row: [V_r] f32, or k (f32 value, i32 id) pairs).
   std::vector<char> vocab_send_, vocab_gather_;
+  std::vector<int32_t> vocab_order_;  // --attn-tp: a row's local ids, ordered to pick its k best
   AttnScratch attn_s_;
   MoeScratch mlp_s_;
   LinearScratch lin_s_;
