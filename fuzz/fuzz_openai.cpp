@@ -22,6 +22,7 @@
 #include "serve/openai.h"
 #include "serve/parsers/detect.h"
 #include "text/chat_template.h"
+#include "serve/grammar/grammar.h"
 #include "text/tokenizer.h"
 
 #ifndef MOE_FIXTURES_DIR
@@ -32,6 +33,21 @@ namespace {
 
 using moe::serve::Api;
 using moe::serve::ServeError;
+
+// Stands in for xgrammar, which the fuzz build does not link: what parse_request asks
+// to compile must be a format object (the structured-output shapes are built and
+// checked by the same code as in the server). Compiling and running grammars is
+// tests/test_serve_grammar.cpp's.
+struct CheckingCompiler final : moe::serve::grammar::Compiler {
+  struct Nothing final : moe::serve::grammar::Grammar {
+    std::unique_ptr<moe::serve::grammar::Matcher> start() const override { return nullptr; }
+  };
+  std::shared_ptr<const moe::serve::grammar::Grammar> compile(const nlohmann::ordered_json& f) const override {
+    FUZZ_ASSERT(f.is_object() && f.contains("type") && f["type"].is_string());
+    FUZZ_ASSERT(!f.dump().empty());
+    return std::make_shared<Nothing>();
+  }
+};
 
 struct Served {
   std::unique_ptr<moe::text::Tokenizer> tok;
@@ -50,6 +66,8 @@ const Served& served() {
     r.ctx.tokenizer = r.tok.get();
     r.ctx.chat_template = r.tmpl.get();
     r.ctx.parsers = moe::serve::parsers::choose_parsers("auto", "auto", r.tmpl.get(), *r.tok);
+    static const CheckingCompiler grammar;
+    r.ctx.grammar = &grammar;
     return r;
   }();
   return s;

@@ -21,6 +21,7 @@
 #include "cli/verbs.h"
 #include "core/check.h"
 #include "serve/engine/model_engine.h"
+#include "serve/grammar/xgrammar_compiler.h"
 #include "serve/http_server.h"
 
 namespace moe {
@@ -93,6 +94,9 @@ int run_serve(ServeOpts& o) {
   o.engine.eos_ids = m.config().eos_token_ids;
   for (int64_t id : tokenizer_stop_ids(*tm.tok)) o.engine.eos_ids.push_back(id);
   serve::ModelEngine engine(m, *tm.tok, tm.tmpl.get(), o.engine);
+  // Structured outputs: the vocabulary's token texts go to the grammar engine once.
+  const serve::grammar::XgrammarCompiler grammar(*tm.tok, m.config().vocab_size, o.engine.eos_ids);
+  o.http.grammar = &grammar;
   if (o.http.served_model_name.empty())
     o.http.served_model_name = std::filesystem::path(o.common.model_dir).lexically_normal().filename().string();
   if (o.http.served_model_name.empty())  // "dir/" normalises to an empty filename

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/sampler.h"
+#include "serve/grammar/grammar.h"
 
 namespace moe::text {
 class Tokenizer;
@@ -52,6 +53,9 @@ struct RequestParams {
   // The request's cache_salt: prefix-cache blocks are shared only between requests with
   // the same salt (vLLM's field), so a tenant can keep its prompts from others' timing.
   std::string cache_salt;
+  // The grammar the reply must follow (response_format, a forced tool_choice), or null:
+  // every draw is masked to the tokens it allows (serve/grammar/grammar.h).
+  std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 struct TokenLogprob {

@@ -372,6 +372,7 @@ ModelContext HttpServer::Impl::model_context() const {
   ctx.chat_template = engine.chat_template();
   ctx.defaults = opt.defaults;
   ctx.parsers = parsers;
+  ctx.grammar = opt.grammar;
   return ctx;
 }
 

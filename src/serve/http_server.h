@@ -52,6 +52,9 @@ struct ServerOptions {
   // chat template and tokenizer at start().
   std::string reasoning_parser = "auto";  // auto, deepseek_r1, qwen3, none
   std::string tool_call_parser = "auto";  // auto, hermes, qwen3_coder, deepseek_v3, deepseek_v31, mistral, none
+  // Structured outputs' grammar compiler (serve/grammar/); must outlive the server.
+  // null: response_format json_object / json_schema and forced tool_choice get 400.
+  const grammar::Compiler* grammar = nullptr;
 };
 
 class HttpServer {

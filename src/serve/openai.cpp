@@ -10,6 +10,8 @@
 #include <optional>
 #include <random>
 
+#include "serve/grammar/grammar.h"
+#include "serve/grammar/structural.h"
 #include "serve/parsers/text_scan.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -230,7 +232,9 @@ std::vector<std::string> tool_names(const json& tools) {
 // tool_choice: "auto" (the default), "none", "required" or {"type": "function",
 // "function": {"name": N}}. Sets what the reply's parser looks for; "none" also keeps
 // the tools from the template (vLLM passes them unless tool_choice is "none").
-void tool_choice(const Fields& f, const ModelContext& m, text::ChatRequest* chat, parsers::ParseOptions* parse) {
+// *forced: "required" or a named function, which the reply's grammar then enforces.
+void tool_choice(const Fields& f, const ModelContext& m, text::ChatRequest* chat, parsers::ParseOptions* parse,
+                 bool* forced) {
   const bool has_tools = chat->tools.is_array() && !chat->tools.empty();
   std::string choice = "auto", named;
   if (const json* tc = f.get("tool_choice")) {
@@ -267,21 +271,25 @@ void tool_choice(const Fields& f, const ModelContext& m, text::ChatRequest* chat
     }
   }
   if (!has_tools) return;  // nothing to call: tool-call markup stays text
+  *forced = choice == "required" || choice == "named";
   parse->tools = m.parsers.tools;
   parse->tool_list = chat->tools;
   parse->only_name = named;
 }
 
-std::vector<int32_t> chat_prompt(const Fields& f, const ModelContext& m, parsers::ParseOptions* parse) {
+std::vector<int32_t> chat_prompt(const Fields& f, const ModelContext& m, parsers::ParseOptions* parse,
+                                 bool* tools_forced) {
   text::ChatRequest chat;
   chat.messages = check_messages(f.get("messages"));
   if (const json* tools = f.get("tools")) {
     if (!tools->is_array()) Fields::wrong_type("tools", "a list of tools", *tools);
+    if (tools->size() > grammar::kMaxTools)
+      bad("tools", fmt::format("'tools' may list at most {} tools, got {}", grammar::kMaxTools, tools->size()));
     for (size_t i = 0; i < tools->size(); ++i)
       if (!(*tools)[i].is_object()) Fields::wrong_type(fmt::format("tools[{}]", i), "a tool object", (*tools)[i]);
     chat.tools = *tools;
   }
-  tool_choice(f, m, &chat, parse);
+  tool_choice(f, m, &chat, parse, tools_forced);
   if (const json* docs = f.get("documents")) {  // RAG templates (Command-R, Granite) read them
     if (!docs->is_array()) Fields::wrong_type("documents", "a list of documents", *docs);
     chat.documents = *docs;
@@ -329,11 +337,70 @@ void unsupported(const Fields& f) {
   if (const json* s = f.get("suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
     bad("suffix", "'suffix' is not supported");
   if (const json* lb = f.get("logit_bias"); lb && !lb->empty()) bad("logit_bias", "'logit_bias' is not supported");
-  if (const json* rf = f.get("response_format")) {
-    if (!rf->is_object()) Fields::wrong_type("response_format", "an object", *rf);
-    auto t = rf->find("type");
-    if (t != rf->end() && *t != "text")
-      bad("response_format", fmt::format("response_format {} is not supported: only {{\"type\": \"text\"}}", t->dump()));
+}
+
+// response_format: {"type": "text"} (the default), {"type": "json_object"} or
+// {"type": "json_schema", "json_schema": {"name", "schema", "strict"?}} (OpenAI's shapes).
+// The format object of the constrained part (grammar/structural.h), or null.
+std::optional<json> response_format(const Fields& f) {
+  const json* rf = f.get("response_format");
+  if (!rf) return std::nullopt;
+  if (!rf->is_object()) Fields::wrong_type("response_format", "an object", *rf);
+  Fields rff(*rf, "response_format.");
+  const std::string type = rff.string("type");
+  if (type.empty() || type == "text") return std::nullopt;
+  if (type == "json_object") return grammar::json_object_format();
+  if (type != "json_schema")
+    bad("response_format", fmt::format("response_format type '{}' is not supported: \"text\", \"json_object\" or "
+                                       "\"json_schema\"", type));
+  const json* js = rff.get("json_schema");
+  if (!js || !js->is_object())
+    bad("response_format.json_schema",
+        "response_format {\"type\": \"json_schema\"} needs 'json_schema': {\"name\": ..., \"schema\": {...}}");
+  Fields jf(*js, "response_format.json_schema.");
+  jf.string("name");          // type-checked; names the schema for the client only
+  jf.boolean("strict", false);  // type-checked; every schema is enforced (as strict)
+  const json* schema = jf.get("schema");
+  if (!schema) bad("response_format.json_schema.schema", "response_format.json_schema needs 'schema'");
+  if (!schema->is_object() && !schema->is_boolean())
+    Fields::wrong_type("response_format.json_schema.schema", "a JSON Schema (an object)", *schema);
+  if (const size_t n = schema->dump().size(); n > grammar::kMaxSchemaBytes)
+    bad("response_format.json_schema.schema",
+        fmt::format("the schema is {} bytes of JSON; at most {} are accepted", n, grammar::kMaxSchemaBytes));
+  return grammar::json_schema_format(*schema);
+}
+
+// The grammar the reply must follow (response_format, or tool_choice "required" / a
+// named function), compiled; null when the reply is free.
+std::shared_ptr<const grammar::Grammar> output_grammar(const Fields& f, const ModelContext& m, Api api,
+                                                       const parsers::ParseOptions& parse, bool tools_forced) {
+  std::optional<json> body = response_format(f);
+  const char* param = "response_format";
+  if (tools_forced) {
+    if (body)
+      bad("response_format", "response_format and tool_choice \"required\" (or a named function) both constrain the "
+                             "reply: send one of them");
+    param = "tool_choice";
+    for (const json& t : parse.tool_list)
+      if (const auto fn = t.find("function"); fn != t.end() && fn->is_object())
+        if (const auto ps = fn->find("parameters"); ps != fn->end() && ps->dump().size() > grammar::kMaxSchemaBytes)
+          bad("tools", fmt::format("a tool's parameters are {} bytes of JSON; at most {} are accepted",
+                                   ps->dump().size(), grammar::kMaxSchemaBytes));
+    body = grammar::tool_call_format(parse.tools, parse.tool_list, parse.only_name);
+  }
+  if (!body) return nullptr;
+  if (!m.grammar) bad(param, "structured outputs are not available on this server (it has no grammar engine)");
+  // A chat's reasoning stays free: the grammar starts where the reasoning ends.
+  const json format = api == Api::chat ? grammar::reply_format(*body, parse.reasoning, parse.prompt) : *body;
+  try {
+    // The constrained part alone first: a schema that admits no value (it only refers to
+    // itself) is refused there, where its first token already has no way on; behind
+    // free reasoning the whole reply's first token would not show it.
+    std::shared_ptr<const grammar::Grammar> g = m.grammar->compile(*body);
+    return format == *body ? g : m.grammar->compile(format);
+  } catch (ServeError& e) {
+    if (e.param.empty()) e.param = param;
+    throw;
   }
 }
 
@@ -451,8 +518,9 @@ ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m) 
   if (max_tokens && *max_tokens < 1) bad(len_field, fmt::format("'{}' must be at least 1, got {}", len_field, *max_tokens));
 
   // The prompt.
+  bool tools_forced = false;
   if (api == Api::chat) {
-    p.prompt_ids = chat_prompt(f, m, &r.parse);
+    p.prompt_ids = chat_prompt(f, m, &r.parse, &tools_forced);
     // Tags the parsers read must survive decoding: where they are special tokens, keep
     // special tokens in the text (as vLLM's Hermes and Mistral parsers do), unless the
     // request says otherwise.
@@ -482,7 +550,7 @@ ApiRequest parse_request(Api api, std::string_view body, const ModelContext& m) 
                     L, P + *max_tokens, P, *max_tokens, len_field),
         400, "context_length_exceeded");
   p.max_tokens = max_tokens.value_or(L - P);
-
+  p.grammar = output_grammar(f, m, api, r.parse, tools_forced);
   return r;
 }
 
@@ -501,7 +569,8 @@ Json tokenize_response(std::string_view body, const ModelContext& m) {
   std::vector<int32_t> ids;
   if (f.get("messages")) {
     parsers::ParseOptions parse;
-    ids = chat_prompt(f, m, &parse);
+    bool tools_forced = false;
+    ids = chat_prompt(f, m, &parse, &tools_forced);
   } else if (const json* prompt = f.get("prompt")) {
     if (!prompt->is_string()) Fields::wrong_type("prompt", "a string", *prompt);
     text::EncodeOptions opt;

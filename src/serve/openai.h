@@ -18,20 +18,28 @@
 //
 // Deliberate limits, each answered with 400 naming the field: best_of other than n,
 // batched prompts (a list of several strings or lists), non-text
-// content parts (images, audio), logit_bias, response_format other than text, suffix,
-// echo together with logprobs (the engine does not compute prompt logprobs). tools,
-// documents and chat_template_kwargs go to the template; tool_choice "none" leaves the
-// tools out. Unknown fields are ignored, as OpenAI-compatible servers do.
+// content parts (images, audio), logit_bias, response_format types other than text,
+// json_object and json_schema, suffix, echo together with logprobs (the engine does not
+// compute prompt logprobs), more than grammar::kMaxTools tools, schemas over
+// grammar::kMaxSchemaBytes. tools, documents and chat_template_kwargs go to the
+// template; tool_choice "none" leaves the tools out. Unknown fields are ignored, as
+// OpenAI-compatible servers do.
 //
 // Chat replies are taken apart by the server's parsers (serve/parsers/, chosen by
 // --reasoning-parser and --tool-call-parser): the thinking becomes
 // message.reasoning_content (delta.reasoning_content when streamed), tool-call markup
 // becomes message.tool_calls with finish_reason "tool_calls", the rest is content.
 // Tool calls are parsed when the request has tools and tool_choice is not "none".
-// tool_choice "required" and a named function ({"type": "function", "function":
-// {"name": N}}) are accepted but NOT enforced: nothing constrains the sampling yet (no
-// grammar engine), so a model that writes no (matching) call gets finish_reason "stop"
-// and its text as content; with a named function, calls to other functions stay text.
+//
+// Structured outputs (serve/grammar/): response_format json_object / json_schema (on
+// chat and completions), and tool_choice "required" or a named function ({"type":
+// "function", "function": {"name": N}}) compile to a grammar the sampler enforces token
+// by token: the reply parses (and validates against the schema; a forced tool call is a
+// call of a listed tool, in the server's tool-call format, with arguments that validate
+// against its parameters). A chat's reasoning block stays free text; the grammar starts
+// after it. Both response_format and a forced tool_choice: 400. A schema the grammar
+// engine cannot compile: 400 with its reason. strict is accepted and every schema is
+// enforced as if strict.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +55,10 @@
 #include "serve/parsers/output_parser.h"
 
 namespace moe::serve {
+
+namespace grammar {
+class Compiler;
+}
 
 // Requests and responses keep their keys in order: a tool schema reaches the chat
 // template as the client wrote it (templates print it with tojson, as Python dicts
@@ -71,6 +83,8 @@ struct ModelContext {
   const text::ChatTemplate* chat_template = nullptr;  // nullptr: chat requests get 400
   SamplingDefaults defaults;
   parsers::ParserChoice parsers;  // the server's reasoning and tool-call parsers (none by default)
+  // Compiles response_format / forced tool_choice grammars; null: such requests get 400.
+  const grammar::Compiler* grammar = nullptr;
 };
 
 // A checked request: what the engine runs, plus what the response needs.

@@ -114,15 +114,45 @@ inline const char* kChatMl =
 // A ModelContext over FakeTokenizer and ChatML: what the request parser reads (the tests
 // of openai.cpp and of the reply parsers' request options). Not copyable: m points at
 // the members.
+// Records the formats parse_request asks to compile (structured outputs). Its grammars
+// are never run (the fake engine does not sample); the real compiler is tested in
+// tests/test_serve_grammar.cpp.
+class RecordingCompiler : public grammar::Compiler {
+ public:
+  std::shared_ptr<const grammar::Grammar> compile(const nlohmann::ordered_json& format) const override {
+    std::lock_guard lk(mu_);
+    formats_.push_back(format);
+    return std::make_shared<AnyGrammar>();
+  }
+  std::vector<nlohmann::ordered_json> formats() const {
+    std::lock_guard lk(mu_);
+    return formats_;
+  }
+
+ private:
+  struct AnyMatcher : grammar::Matcher {
+    void fill_mask(uint32_t*) override {}
+    bool accept(int32_t) override { return true; }
+    bool terminated() const override { return false; }
+  };
+  struct AnyGrammar : grammar::Grammar {
+    std::unique_ptr<grammar::Matcher> start() const override { return std::make_unique<AnyMatcher>(); }
+  };
+  mutable std::mutex mu_;
+  mutable std::vector<nlohmann::ordered_json> formats_;
+};
+
 struct FakeModelContext {
   FakeTokenizer tok;
   text::ChatTemplate tmpl{kChatMl, "chatml"};
+  RecordingCompiler grammar;
   ModelContext m;
   explicit FakeModelContext(int64_t max_model_len) {
     m.name = "fake-model";
     m.max_model_len = max_model_len;
     m.tokenizer = &tok;
     m.chat_template = &tmpl;
+    m.grammar = &grammar;
   }
   FakeModelContext(const FakeModelContext&) = delete;
   FakeModelContext& operator=(const FakeModelContext&) = delete;

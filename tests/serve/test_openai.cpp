@@ -6,6 +6,7 @@
 #include <set>
 
 #include "fake_engine.h"
+#include "serve/grammar/structural.h"
 #include "serve/openai.h"
 
 namespace moe::serve::testing {
@@ -235,7 +236,7 @@ TEST(OpenAiParse, UnsupportedFeaturesSaySo) {
       {"tool_choice", "required"},
       {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}},
       {"logit_bias", {{"12", 5}}},
-      {"response_format", {{"type", "json_object"}}},
+      {"response_format", {{"type", "regex"}}},
       {"suffix", "tail"}};
   for (const auto& [field, value] : cases) {
     json body = kChat;
@@ -246,6 +247,90 @@ TEST(OpenAiParse, UnsupportedFeaturesSaySo) {
   }
   c.chat({{"messages", kChat["messages"]}, {"tool_choice", "auto"}, {"response_format", {{"type", "text"}}},
           {"logit_bias", json::object()}});
+}
+
+// Structured outputs: which grammar a request asks for (the compiler records the formats;
+// tests/test_serve_grammar.cpp runs them in xgrammar), and every malformed shape a 400
+// naming its field.
+TEST(OpenAiParse, ResponseFormatAndForcedToolsBecomeGrammars) {
+  Ctx c;
+  c.m.max_model_len = 4096;
+  const json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}, {"required", {"a"}}};
+  auto formats_after = [&](auto&& f) {
+    const size_t before = c.grammar.formats().size();
+    f();
+    const auto all = c.grammar.formats();
+    return std::vector<json>(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
+  };
+  // No response_format (or "text"): no grammar, nothing compiled.
+  EXPECT_TRUE(formats_after([&] { EXPECT_EQ(c.chat(kChat).params.grammar, nullptr); }).empty());
+  json body = kChat;
+  body["response_format"] = {{"type", "json_object"}};
+  auto f = formats_after([&] { EXPECT_NE(c.chat(body).params.grammar, nullptr); });
+  EXPECT_EQ(f, std::vector<json>{grammar::json_object_format()});
+  body["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}, {"strict", true}}}};
+  f = formats_after([&] { c.chat(body); });
+  EXPECT_EQ(f, std::vector<json>{grammar::json_schema_format(schema)});
+  // Completions take it too (no template, no reasoning).
+  f = formats_after([&] { c.completion({{"prompt", "Hi"}, {"response_format", {{"type", "json_object"}}}}); });
+  EXPECT_EQ(f, std::vector<json>{grammar::json_object_format()});
+  // With a reasoning parser the constrained part is compiled alone (to refuse an empty
+  // language), then the whole reply with free reasoning before it.
+  c.m.parsers.reasoning = parsers::ReasoningKind::qwen3;
+  f = formats_after([&] { c.chat(body); });
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0], grammar::json_schema_format(schema));
+  EXPECT_EQ(f[1], grammar::reply_format(grammar::json_schema_format(schema), parsers::ReasoningKind::qwen3,
+                                        parsers::PromptThink::none));
+  c.m.parsers.reasoning = parsers::ReasoningKind::none;
+  // tool_choice "required" / named: the call grammar of the server's format.
+  c.m.parsers.tools = parsers::ToolCallKind::hermes;
+  const json tools = {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", schema}}}},
+                      {{"type", "function"}, {"function", {{"name", "g"}}}}};
+  json tb = kChat;
+  tb["tools"] = tools;
+  tb["tool_choice"] = "required";
+  f = formats_after([&] { c.chat(tb); });
+  EXPECT_EQ(f, std::vector<json>{grammar::tool_call_format(parsers::ToolCallKind::hermes, tools, "")});
+  tb["tool_choice"] = {{"type", "function"}, {"function", {{"name", "g"}}}};
+  f = formats_after([&] { c.chat(tb); });
+  EXPECT_EQ(f, std::vector<json>{grammar::tool_call_format(parsers::ToolCallKind::hermes, tools, "g")});
+  tb["tool_choice"] = "auto";  // auto stays free
+  EXPECT_EQ(c.chat(tb).params.grammar, nullptr);
+
+  // Malformed shapes.
+  const std::vector<std::pair<json, std::string>> bad = {
+      {{{"type", "xml"}}, "response_format"},
+      {{{"type", 3}}, "response_format.type"},
+      {{{"type", "json_schema"}}, "response_format.json_schema"},
+      {{{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}, "response_format.json_schema.schema"},
+      {{{"type", "json_schema"}, {"json_schema", {{"schema", "{}"}}}}, "response_format.json_schema.schema"},
+      {{{"type", "json_schema"}, {"json_schema", {{"schema", schema}, {"strict", "yes"}}}},
+       "response_format.json_schema.strict"},
+      {{{"type", "json_schema"}, {"json_schema", {{"schema", {{"description", std::string(70000, 'x')}}}}}},
+       "response_format.json_schema.schema"}};
+  for (const auto& [rf, param] : bad) {
+    json b = kChat;
+    b["response_format"] = rf;
+    ServeError e = error_of([&] { c.chat(b); });
+    EXPECT_EQ(e.status, 400) << rf.dump().substr(0, 100);
+    EXPECT_EQ(e.param, param) << e.message;
+  }
+  // Both constraints at once; more tools than OpenAI allows; a server without a grammar engine.
+  json both = tb;
+  both["tool_choice"] = "required";
+  both["response_format"] = {{"type", "json_object"}};
+  EXPECT_EQ(error_of([&] { c.chat(both); }).param, "response_format");
+  json many = kChat;
+  many["tools"] = json::array();
+  for (int i = 0; i < 1000; ++i) many["tools"].push_back({{"type", "function"}, {"function", {{"name", fmt::format("t{}", i)}}}});
+  ServeError e = error_of([&] { c.chat(many); });
+  EXPECT_EQ(e.param, "tools");
+  EXPECT_NE(e.message.find("at most 128"), std::string::npos) << e.message;
+  c.m.grammar = nullptr;
+  e = error_of([&] { c.chat(body); });
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("not available"), std::string::npos) << e.message;
 }
 
 TEST(OpenAiChat, RendersTheTemplateAndParsesSpecialTokens) {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
+#include <limits>
 #include <numeric>
 #include <thread>
 #include <unordered_map>
@@ -35,6 +37,10 @@ struct Request {
   bool queried = false;        // counted in the prefix-cache metrics (first admission only)
   std::unique_ptr<text::TextStream> text;
   std::unordered_map<int32_t, int32_t> counts;  // generated token -> times (penalties)
+  // Structured outputs: where the reply is in its grammar (null: free), and the tokens
+  // the grammar allows next ([grammar::mask_words(V)] bits), filled while the step runs.
+  std::unique_ptr<grammar::Matcher> matcher;
+  std::vector<uint32_t> mask;
   Finish done = Finish::none;                   // set by sampling; retired before the next step
   int64_t n_generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
 };
@@ -117,6 +123,7 @@ std::shared_ptr<Stream> ModelEngine::submit(RequestParams p) {
   text::DecodeOptions dopt;
   dopt.skip_special_tokens = p.skip_special_tokens;
   r->text = std::make_unique<text::TextStream>(tok_, p.stop, dopt);
+  if (p.grammar) r->matcher = p.grammar->start();
   r->p = std::move(p);
   std::shared_ptr<Stream> out = r->out;
   {
@@ -223,7 +230,7 @@ void ModelEngine::update_shared() {
 
 void ModelEngine::sample_rows(const std::vector<Request*>& rows, const Tensor& logits) {
   const int64_t V = model_.config().vocab_size;
-  std::vector<float> row, lp;
+  std::vector<float> row, lp, masked;
   for (size_t i = 0; i < rows.size(); ++i) {
     Request& r = *rows[i];
     const float* lg = logits.data<float>() + static_cast<int64_t>(i) * V;
@@ -233,9 +240,28 @@ void ModelEngine::sample_rows(const std::vector<Request*>& rows, const Tensor& l
       for (auto [id, n] : r.counts) row[id] -= static_cast<float>(n * r.p.frequency_penalty + r.p.presence_penalty);
       lg = row.data();
     }
+    // Logprobs are the model's (after penalties, before the grammar's mask), as vLLM
+    // reports them; the draw sees only the tokens the grammar allows.
+    const float* drawn = lg;
+    if (r.matcher) {
+      masked.assign(lg, lg + V);
+      bool any = false;
+      for (int64_t id = 0; id < V; ++id) {
+        const bool ok = grammar::mask_allows(r.mask.data(), static_cast<int32_t>(id));
+        any = any || ok;
+        if (!ok) masked[id] = -std::numeric_limits<float>::infinity();
+      }
+      if (!any) {  // cannot happen for a grammar that compiled (openai.cpp refuses empty ones)
+        r.done = Finish::error;
+        r.out->finish(Finish::error, "the output grammar allows no next token");
+        continue;
+      }
+      drawn = masked.data();
+    }
     // The draw depends on (seed, step) only: the same seed gives the same text alone or
     // in any batch.
-    const int32_t tok = sample_token(lg, V, r.p.sampling, 0, static_cast<uint64_t>(r.n_generated()));
+    const int32_t tok = sample_token(drawn, V, r.p.sampling, 0, static_cast<uint64_t>(r.n_generated()));
+    const bool grammar_done = r.matcher && r.matcher->accept(tok) && r.matcher->terminated();
     TokenLogprob tl;
     tl.id = tok;
     if (r.p.top_logprobs >= 0) {
@@ -250,7 +276,10 @@ void ModelEngine::sample_rows(const std::vector<Request*>& rows, const Tensor& l
     }
     r.tokens.push_back(tok);
     ++r.counts[tok];
-    const bool eos = !r.p.ignore_eos && std::find(opt_.eos_ids.begin(), opt_.eos_ids.end(), tok) != opt_.eos_ids.end();
+    // A grammar ends on a stop token (the only tokens a complete grammar allows), even
+    // under ignore_eos: nothing could follow it.
+    const bool eos = grammar_done ||
+                     (!r.p.ignore_eos && std::find(opt_.eos_ids.begin(), opt_.eos_ids.end(), tok) != opt_.eos_ids.end());
     // The EOS token counts as generated (usage) but its text is not returned (as vLLM).
     const text::TextStream::Piece piece = eos ? text::TextStream::Piece{} : r.text->push(tok);
     r.out->append(piece.text, tl);
@@ -281,7 +310,8 @@ bool ModelEngine::step() {
     if (r.n_cached + n == static_cast<int64_t>(r.tokens.size())) {
       b.logit_rows.push_back(b.n_tokens() - 1);
       // What sample_rows reads of the row: penalties and logprobs read all of it.
-      const bool whole = r.p.presence_penalty != 0 || r.p.frequency_penalty != 0 || r.p.top_logprobs >= 0;
+      const bool whole =
+          r.p.presence_penalty != 0 || r.p.frequency_penalty != 0 || r.p.top_logprobs >= 0 || r.matcher != nullptr;
       b.logit_top_k.push_back(whole ? 0 : sampled_top_k(r.p.sampling));
       logit_req.push_back(&r);
     }
@@ -341,7 +371,36 @@ bool ModelEngine::step() {
   Communicator* w = model_.world();
   if (w && w->size() > 1) broadcast_plan(*w, plan);
   for (size_t i = 0; i < b.seqs.size(); ++i) model_.cache().set_blocks(b.seqs[i].slot, plan.blocks[i]);
-  const Tensor logits = model_.forward(b);
+  // The grammar masks of the rows this step samples are filled on a helper thread while
+  // the forward runs: they depend only on the tokens so far, not on these logits.
+  const Tensor logits = [&] {
+    std::vector<Request*> constrained;
+    for (Request* r : logit_req)
+      if (r->matcher) constrained.push_back(r);
+    if (constrained.empty()) return model_.forward(b);
+    const int64_t words = grammar::mask_words(model_.config().vocab_size);
+    std::exception_ptr mask_error;
+    std::thread masker([&] {
+      try {
+        for (Request* r : constrained) {
+          r->mask.assign(static_cast<size_t>(words), 0u);
+          r->matcher->fill_mask(r->mask.data());
+        }
+      } catch (...) {
+        mask_error = std::current_exception();
+      }
+    });
+    struct Join {  // also when the forward throws: a joinable std::thread must not be destroyed
+      std::thread& t;
+      ~Join() {
+        if (t.joinable()) t.join();
+      }
+    } join{masker};
+    Tensor out = model_.forward(b);
+    masker.join();
+    if (mask_error) std::rethrow_exception(mask_error);
+    return out;
+  }();
   for (size_t i = 0; i < in_step.size(); ++i) {
     in_step[i]->n_cached += b.seqs[i].n;
     publish_blocks(*in_step[i]);

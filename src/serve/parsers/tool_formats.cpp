@@ -287,6 +287,14 @@ Json typed_value(const std::string& text, const Json* schema) {
         }
     }
   }
+  // An enum is a closed set: whitespace around one of its values is layout (a grammar-
+  // constrained reply may put some there).
+  if (schema && schema->is_object())
+    if (auto e = schema->find("enum"); e != schema->end() && e->is_array()) {
+      const Json trimmed = std::string(trim_ws(text));
+      if (std::find(e->begin(), e->end(), Json(text)) == e->end() && std::find(e->begin(), e->end(), trimmed) != e->end())
+        return trimmed;
+    }
   // Without a schema type the text is the value: guessing would turn "007" into 7.
   if (type.empty() || type == "string") return text;
   const std::string_view trimmed = trim_ws(text);
