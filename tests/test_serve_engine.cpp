@@ -185,6 +185,46 @@ TEST(ServeEngineOne, SeededSamplingIsTheSameAloneAndInABatch) {
   EXPECT_NE(drain(*s.engine->submit(q)).ids, alone.ids) << "a different seed should give different tokens";
 }
 
+// Checkpoints pad the vocabulary past the tokenizer (Qwen3: 151,936 rows, 151,669
+// tokens). A padding id has no text: drawn, it used to end the engine ("decode: token id
+// out of range", every later request 503). Draws now stay below the tokenizer's size,
+// greedy, top-k (whose per-row limit is widened by the padding) and top-p alike.
+TEST(ServeEngineOne, DrawsStayInTheTokenizersVocabulary) {
+  const ModelFixture f = qwen3();
+  auto model_for = [&] {
+    ModelOptions o;
+    o.n_slots = 4;
+    o.max_seq = 48;
+    o.paged_kv = true;
+    o.kv_block_size = 4;
+    return Model::load(f.dir, o);
+  };
+  auto model = model_for();
+  const int64_t V = model->config().vocab_size, limit = V / 2;
+  // The control: with the whole vocabulary, the greedy tokens reach past the limit.
+  const std::vector<int32_t>& g = f.greedy[0];
+  ASSERT_TRUE(std::any_of(g.begin(), g.end(), [&](int32_t t) { return t >= limit; }))
+      << "the fixture's greedy tokens never pass V/2: this test would not test anything";
+  test::IdTokenizer small(limit);
+  serve::EngineOptions eo;
+  eo.max_num_seqs = 4;
+  serve::ModelEngine engine(*model, small, nullptr, eo);
+  std::thread loop([&] { engine.run(); });
+  std::vector<serve::RequestParams> ps(3, greedy(f.prompts[0], 16));
+  ps[1].sampling.temperature = 1.0;
+  ps[1].sampling.top_k = 3;
+  ps[2].sampling.temperature = 1.0;
+  ps[2].sampling.top_p = 0.9;
+  for (auto& p : ps) {
+    const Result r = drain(*engine.submit(p));
+    EXPECT_EQ(r.finish, serve::Finish::length);
+    EXPECT_EQ(r.ids.size(), 16u);
+    for (int32_t t : r.ids) EXPECT_LT(t, limit);
+  }
+  engine.request_stop();
+  loop.join();
+}
+
 TEST(ServeEngineOne, BadRequestsAreRefusedWithTheirStatus) {
   const ModelFixture f = qwen3();
   serve::EngineOptions eo;

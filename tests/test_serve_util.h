@@ -22,21 +22,27 @@ using namespace std::chrono_literals;
 
 // Decodes id i as "[i]": enough to check what the engine does with text (stop strings,
 // assembly) without a real vocabulary.
+// vocab: ids at or past it are out of range (decode throws, as a real tokenizer's does).
 class IdTokenizer final : public text::Tokenizer {
  public:
+  explicit IdTokenizer(int64_t vocab = 1 << 20) : vocab_(vocab) {}
   std::vector<int32_t> encode(std::string_view, const text::EncodeOptions&) const override { return {}; }
   std::string decode(const std::vector<int32_t>& ids, const text::DecodeOptions&) const override {
     std::string s;
-    for (int32_t i : ids) s += fmt::format("[{}]", i);
+    for (int32_t i : ids) {
+      MOE_CHECK(i >= 0 && i < vocab_, "decode: token id {} is out of range [0, {})", i, vocab_);
+      s += fmt::format("[{}]", i);
+    }
     return s;
   }
-  int64_t vocab_size() const override { return 1 << 20; }
+  int64_t vocab_size() const override { return vocab_; }
   std::optional<int32_t> token_to_id(std::string_view) const override { return std::nullopt; }
   std::string id_to_token(int32_t id) const override { return fmt::format("[{}]", id); }
   bool is_special(int32_t) const override { return false; }
   const text::SpecialTokens& special_tokens() const override { return sp_; }
 
  private:
+  int64_t vocab_;
   text::SpecialTokens sp_;
 };
 

@@ -26,6 +26,15 @@ Modes:
                   Against any running `moe-ep serve`: n choices whole and streamed (the
                   stream reassembled by the client per index), greedy choices equal to the
                   one-choice answer, usage counting the prompt once, seeded n repeating.
+  agent --base-url URL [--model M] [--api-key K]
+                  Against any running `moe-ep serve` with a tool-call parser (a fixture model
+                  with random weights is enough: the grammar, not the model, makes the
+                  replies well-formed): an agent loop of several turns. tool_choice
+                  "required" returns calls whose arguments validate against the tool's JSON
+                  schema (Python jsonschema; pip install jsonschema), streamed calls
+                  reassemble to the whole ones (same seed), a named tool_choice calls that
+                  tool, tool results go back as history, a json_schema reply validates, and
+                  every turn after the first reports cached_tokens > 0.
 Exit status 0 when every check passed; each failure is printed.
 """
 import argparse
@@ -222,9 +231,90 @@ def choices(base_url, model, api_key):
           f"repeats, completions n=2")
 
 
+AGENT_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+                    "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "description": "Local time of a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                    "required": ["city"], "additionalProperties": False}}},
+]
+ANSWER_SCHEMA = {"type": "object", "properties": {"summary": {"type": "string", "maxLength": 40},
+                                                  "temperature": {"type": "integer", "minimum": -50, "maximum": 60},
+                                                  "sunny": {"type": "boolean"}},
+                 "required": ["summary", "temperature", "sunny"], "additionalProperties": False}
+
+
+def agent(base_url, model, api_key):
+    import jsonschema
+    client = openai.OpenAI(base_url=base_url, api_key=api_key or "unused", max_retries=0, timeout=300)
+    model = model or client.models.list().data[0].id
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in AGENT_TOOLS}
+    # No thinking: a random model's free reasoning would rarely end within max_tokens.
+    extra = {"chat_template_kwargs": {"enable_thinking": False}}
+    msgs = [{"role": "system", "content": "You are a weather agent. Call tools, then answer as JSON."},
+            {"role": "user", "content": "What is the weather and the time in Paris?"}]
+    turns = 0
+    for turn, choice in enumerate(["required", {"type": "function", "function": {"name": "get_time"}}, "required"]):
+        kw = dict(model=model, messages=msgs, tools=AGENT_TOOLS, tool_choice=choice, max_tokens=160,
+                  temperature=1.0, seed=11 + turn, extra_body=extra)
+        whole = client.chat.completions.create(**kw)
+        c0 = whole.choices[0]
+        where = f"agent turn {turn + 1} tool_choice={choice if isinstance(choice, str) else 'named'}"
+        check(c0.finish_reason == "tool_calls", f"{where}: finish_reason {c0.finish_reason}, content {c0.message.content!r:.80}")
+        calls = c0.message.tool_calls or []
+        check(len(calls) >= 1, f"{where}: no tool call")
+        for c in calls:
+            check(c.function.name in schemas, f"{where}: unknown tool {c.function.name}")
+            if not isinstance(choice, str):
+                check(c.function.name == "get_time", f"{where}: called {c.function.name}, not the named tool")
+            try:
+                jsonschema.validate(json.loads(c.function.arguments), schemas.get(c.function.name, {}))
+            except Exception as e:  # noqa: BLE001 - any failure is the check's
+                check(False, f"{where}: arguments {c.function.arguments!r} do not validate: {e}")
+        if turn > 0:
+            cached = whole.usage.prompt_tokens_details.cached_tokens if whole.usage.prompt_tokens_details else 0
+            check(cached > 0, f"{where}: cached_tokens {cached} on a resent conversation")
+        final, _ = reassemble(list(client.chat.completions.create(stream=True, **kw)))
+        check([c[1:] for c in calls_of(final.choices[0].message)] == [c[1:] for c in calls_of(c0.message)],
+              f"{where}: streamed calls {calls_of(final.choices[0].message)} != whole {calls_of(c0.message)}")
+        msgs = msgs + [c0.message.model_dump(exclude_none=True)]
+        msgs += [{"role": "tool", "tool_call_id": c.id, "content": json.dumps({"ok": True, "value": "18C, sunny"})}
+                 for c in calls]
+        turns += 1
+        print(f"ok   {where}: {[(c.function.name, c.function.arguments) for c in calls]}")
+    # The answer, as JSON that validates; the history is resent whole and mostly cached.
+    rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA, "strict": True}}
+    for stream in (False, True):
+        kw = dict(model=model, messages=msgs + [{"role": "user", "content": "Answer now."}], max_tokens=200,
+                  temperature=1.0, seed=5, response_format=rf, extra_body=extra)
+        if stream:
+            final, _ = reassemble(list(client.chat.completions.create(stream=True, **kw)))
+            text = final.choices[0].message.content
+        else:
+            r = client.chat.completions.create(**kw)
+            text = r.choices[0].message.content
+            check(r.choices[0].finish_reason == "stop", f"json answer: finish_reason {r.choices[0].finish_reason}")
+            cached = r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0
+            check(cached > 0, f"json answer: cached_tokens {cached}")
+            whole_text = text
+        try:
+            jsonschema.validate(json.loads(text), ANSWER_SCHEMA)
+        except Exception as e:  # noqa: BLE001
+            check(False, f"json answer (stream={stream}): {text!r} does not validate: {e}")
+    check(text == whole_text, "json answer: streamed != whole")
+    # json_object on the legacy completions endpoint.
+    t = client.completions.create(model=model, prompt="JSON:", max_tokens=200, temperature=1.0, seed=3,
+                                  extra_body={"response_format": {"type": "json_object"}})
+    if t.choices[0].finish_reason == "stop":
+        check(isinstance(json.loads(t.choices[0].text), dict), f"completions json_object: {t.choices[0].text!r}")
+    print(f"ok   agent: {turns} tool turns, a json_schema answer that validates: {whole_text}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["goldens", "live", "smoke", "choices"])
+    ap.add_argument("mode", choices=["goldens", "live", "smoke", "choices", "agent"])
     ap.add_argument("dir", nargs="?", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures",
                                                            "serve_parsers"))
     ap.add_argument("--base-url")
@@ -240,6 +330,8 @@ def main():
         live(a.base_url, a.reasoning, a.tools)
     elif a.mode == "choices":
         choices(a.base_url, a.model, a.api_key)
+    elif a.mode == "agent":
+        agent(a.base_url, a.model, a.api_key)
     else:
         smoke(a.base_url, a.model, a.api_key)
     print(f"{len(FAILURES)} failed" if FAILURES else "all checks passed")

@@ -106,8 +106,17 @@ Verb add_bench_serve_verb(CLI::App& app) {
   c->add_option("--turn-tokens", agent->turn_tokens, "Prompt tokens each agent turn adds (--agent-turns)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  auto response_format = std::make_shared<std::string>();
+  c->add_option("--response-format", *response_format,
+                "JSON sent as every request's response_format, e.g. '{\"type\": \"json_object\"}' (structured "
+                "outputs; the reply must still run --output-len tokens, so give a format that cannot end early)");
   c->add_option("--output-json", *output_json, "Also write the results as JSON to this file");
-  return {c, [o, output_json, token_range, agent] {
+  return {c, [o, output_json, token_range, agent, response_format] {
+            if (!response_format->empty()) {
+              o->response_format = nlohmann::json::parse(*response_format, nullptr, false);
+              MOE_CHECK(o->response_format.is_object(), "--response-format must be a JSON object, got '{}'",
+                        *response_format);
+            }
             return run_bench_serve_cmd(*o, *output_json, *token_range, *agent);
           }};
 }

@@ -65,6 +65,7 @@ json request_body(const BenchServeOptions& o, const std::string& model, int inde
                {"temperature", 0},
                {"stream", true},
                {"stream_options", {{"include_usage", true}}}};
+  if (!o.response_format.is_null()) body["response_format"] = o.response_format;
   if (o.chat) {
     std::uniform_int_distribution<size_t> word(0, std::size(kWords) - 1);
     std::string text;

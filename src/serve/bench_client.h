@@ -31,6 +31,10 @@ struct BenchServeOptions {
   // /v1/completions prompts are random token ids in [token_lo, token_hi) (exactly
   // prompt_len of them); the default range is ordinary text tokens in any large vocabulary.
   int64_t token_lo = 1000, token_hi = 10000;
+  // Sent as every request's response_format (structured outputs), or null. The reply
+  // must still run all output_len tokens: give a format a model cannot finish early,
+  // e.g. a JSON array of strings (tools/bench_structured.sh).
+  nlohmann::json response_format;
 };
 
 struct BenchRequest {

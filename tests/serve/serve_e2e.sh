@@ -4,10 +4,12 @@
 #   serve_e2e.sh BIN MODEL basic     one rank: answers equal `moe-ep generate`, streaming
 #                                    equals non-streaming, answers from the prefix cache
 #                                    equal cold ones, n=3 choices share the prompt's blocks,
-#                                    errors, 64 concurrent clients
+#                                    structured outputs (json_schema, forced tool calls,
+#                                    hostile schemas and tool lists), errors, 64 concurrent clients
 #                                    (some disconnecting), no KV leak, RSS flat, SIGTERM
 #   serve_e2e.sh BIN MODEL ep2       mpirun -np 2 --ep 2: the same answers as one rank
 #                                    (cold and from the prefix cache, n=3 choices),
+#                                    structured outputs that validate,
 #                                    SIGTERM on rank 0 ends every rank with 0
 #   serve_e2e.sh BIN MODEL attn2     mpirun -np 2 --ep 2 --attn-tp 2: the same answers as one rank
 #   serve_e2e.sh BIN MODEL kill      mpirun -np 2 --ep 2: rank 1 killed under load ends
@@ -43,7 +45,7 @@ start_server() {
   [ -n "${PORT:-}" ] || fail "server did not start within 60 s"
   URL="http://127.0.0.1:$PORT"
 }
-SERVE_FLAGS=(serve --model "$MODEL" --port 0 --served-model-name "$NAME" --api-key "$KEY" --max-model-len 128 --max-num-seqs 16
+SERVE_FLAGS=(serve --model "$MODEL" --port 0 --served-model-name "$NAME" --api-key "$KEY" --max-model-len 512 --max-num-seqs 16
              --max-batch-tokens 32)
 read -r -a EXTRA <<< "${E2E_FLAGS:-}"
 SERVE_FLAGS+=("${EXTRA[@]}")
@@ -181,6 +183,81 @@ rank_pid() {  # the pid of MPI rank $1 of the server
 metric() { curl -sS -m 10 "$URL/metrics" | grep "^$1 " | awk '{print $2}'; }
 rss_kb() { awk '/VmRSS/ {print $2}' /proc/"$1"/status; }
 
+# Structured outputs (serve/grammar): a json_schema reply from this random-weight model
+# parses and validates (checked with jq), ends with "stop", and a seeded repeat (its
+# prompt now cached) is the same; tool_choice "required" / named return calls of the
+# listed tools whose arguments validate. No thinking: the model's free reasoning would
+# rarely end within max_tokens.
+SCHEMA='{"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+  "age": {"type": "integer", "minimum": 0, "maximum": 120}, "ok": {"type": "boolean"}},
+  "required": ["name", "age", "ok"], "additionalProperties": false}'
+TOOLS='[{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+  "properties": {"tz": {"enum": ["utc", "cet"]}}, "required": ["tz"], "additionalProperties": false}}},
+  {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+  "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}]'
+structured_body() {  # structured_body SEED EXTRA_JSON
+  jq -cn --arg m "$NAME" --argjson seed "$1" --argjson extra "$2" \
+    '{model: $m, messages: [{role: "user", content: "Reply as JSON."}], max_tokens: 400, temperature: 1.0, seed: $seed,
+      chat_template_kwargs: {enable_thinking: false}} + $extra'
+}
+check_structured() {
+  local rf first again
+  rf=$(jq -cn --argjson s "$SCHEMA" '{response_format: {type: "json_schema", json_schema: {name: "p", schema: $s}}}')
+  for seed in 1 2 3; do
+    first=$(post /v1/chat/completions "$(structured_body $seed "$rf")")
+    [ "$(status)" = 200 ] || fail "json_schema seed $seed: status $(status): $first"
+    [ "$(jq -r '.choices[0].finish_reason' <<<"$first")" = stop ] || fail "json_schema seed $seed: $(jq -c '.choices[0]' <<<"$first")"
+    jq -e '.choices[0].message.content | fromjson | (keys == ["age", "name", "ok"]) and (.name | type == "string" and length <= 6)
+           and (.age | type == "number" and . == floor and . >= 0 and . <= 120) and (.ok | type == "boolean")' \
+      <<<"$first" >/dev/null || fail "json_schema seed $seed: reply does not validate: $(jq -c '.choices[0].message' <<<"$first")"
+    again=$(post /v1/chat/completions "$(structured_body $seed "$rf")")
+    [ "$(jq -c '.choices[0].message' <<<"$again")" = "$(jq -c '.choices[0].message' <<<"$first")" ] ||
+      fail "json_schema seed $seed: the repeat differs"
+  done
+  for choice in '"required"' '{"type": "function", "function": {"name": "get_time"}}'; do
+    for seed in 1 2; do
+      first=$(post /v1/chat/completions "$(structured_body $seed "{\"tools\": $TOOLS, \"tool_choice\": $choice, \"max_tokens\": 140}")")
+      [ "$(status)" = 200 ] || fail "tool_choice $choice: status $(status): $first"
+      [ "$(jq -r '.choices[0].finish_reason' <<<"$first")" = tool_calls ] ||
+        fail "tool_choice $choice seed $seed: $(jq -c '.choices[0]' <<<"$first")"
+      jq -e '.choices[0].message.tool_calls | length >= 1 and all(.[]; .type == "function" and (.id | length > 0) and
+             (if .function.name == "get_time" then (.function.arguments | fromjson | keys == ["tz"] and (.tz == "utc" or .tz == "cet"))
+              elif .function.name == "get_weather" then (.function.arguments | fromjson | .city | type == "string" and length <= 8)
+              else false end))' <<<"$first" >/dev/null ||
+        fail "tool_choice $choice seed $seed: calls do not validate: $(jq -c '.choices[0].message' <<<"$first")"
+      if [ "$choice" != '"required"' ]; then
+        jq -e '[.choices[0].message.tool_calls[].function.name] | unique == ["get_time"]' <<<"$first" >/dev/null ||
+          fail "named tool_choice called another tool: $(jq -c '.choices[0].message' <<<"$first")"
+      fi
+    done
+  done
+  echo "ok: json_schema replies validate (and repeat from the cache); forced tool calls validate"
+}
+
+# Hostile structured-output requests: each a 400 naming the field; the server keeps serving.
+check_structured_hostile() {
+  local big many
+  bad() {  # bad WHAT PARAM BODY
+    post /v1/chat/completions "$3" >/dev/null
+    [ "$(status)" = 400 ] || fail "$1: status $(status): $(cat "$TMP/body")"
+    [ "$(jq -r '.error.param' "$TMP/body")" = "$2" ] || fail "$1: param $(jq -c '.error' "$TMP/body")"
+  }
+  bad "invalid schema" response_format "$(structured_body 1 '{"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}}')"
+  bad "self-referential schema" response_format "$(structured_body 1 '{"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}')"
+  big=$(jq -cn '{response_format: {type: "json_schema", json_schema: {name: "x", schema: {type: "object",
+        properties: ([range(0; 3000)] | map({key: "field_\(.)", value: {type: "integer"}}) | from_entries)}}}}')
+  bad "huge schema" response_format.json_schema.schema "$(structured_body 1 "$big")"
+  many=$(jq -cn '{tools: [range(0; 1000)] | map({type: "function", function: {name: "t\(.)"}}), tool_choice: "required"}')
+  bad "1000 tools" tools "$(structured_body 1 "$many")"
+  bad "n = 10^6" n "$(structured_body 1 '{"n": 1000000}')"
+  bad "unknown response_format" response_format "$(structured_body 1 '{"response_format": {"type": "yaml"}}')"
+  post /v1/completions '{"model": "e2e-model", "prompt": "JSON:", "max_tokens": 40, "seed": 2, "temperature": 1.0,
+    "response_format": {"type": "json_object"}}' > /dev/null
+  [ "$(status)" = 200 ] || fail "completions json_object after the hostile ones: $(status) $(cat "$TMP/body")"
+  jq -e '.choices[0].text | test("^[ \\t\\n\\r]*\\{")' "$TMP/body" >/dev/null || fail "completions json_object: $(cat "$TMP/body")"
+  echo "ok: invalid, self-referential and huge schemas, 1000 tools, n = 10^6: 400 each; the server keeps serving"
+}
+
 # Two ranks with the layout flags given: the answers equal one rank's (cold, from the
 # prefix cache, n=3 choices), and SIGTERM on rank 0 ends every rank with 0.
 two_ranks() {
@@ -190,6 +267,7 @@ two_ranks() {
   check_prefix_cache
   check_choices
   check_seeded_top_k
+  check_structured
   local rank0 rc=0
   rank0=$(rank_pid 0)
   [ -n "$rank0" ] || fail "cannot find rank 0"
@@ -209,6 +287,8 @@ basic)
   check_answers
   check_prefix_cache
   check_choices
+  check_structured
+  check_structured_hostile
   # Errors, each with its status and OpenAI's error shape.
   [ "$(curl -s -o /dev/null -w '%{http_code}' -d '{}' "$URL/v1/chat/completions")" = 401 ] || fail "no key: not 401"
   post /v1/chat/completions '{"model": "e2e-model", "messages": [' >/dev/null; [ "$(status)" = 400 ] || fail "truncated JSON: $(status)"
@@ -216,7 +296,7 @@ basic)
   post /v1/chat/completions '{"model": "nope", "messages": [{"role": "user", "content": "x"}]}' >/dev/null
   [ "$(status)" = 404 ] || fail "unknown model: $(status)"
   post /v1/chat/completions '{"model": "e2e-model", "messages": "hi"}' >/dev/null; [ "$(status)" = 400 ] || fail "wrong type: $(status)"
-  post /v1/completions "{\"model\": \"$NAME\", \"prompt\": \"$(printf 'x %.0s' $(seq 300))\", \"max_tokens\": 4}" >/dev/null
+  post /v1/completions "{\"model\": \"$NAME\", \"prompt\": \"$(printf 'x %.0s' $(seq 700))\", \"max_tokens\": 4}" >/dev/null
   [ "$(status)" = 400 ] || fail "prompt longer than the context: $(status)"
   head -c 10000000 /dev/zero | tr '\0' 'a' > "$TMP/big"
   code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $KEY" --data-binary @"$TMP/big" "$URL/v1/completions")

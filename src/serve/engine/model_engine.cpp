@@ -76,6 +76,7 @@ ModelEngine::ModelEngine(Model& model, const text::Tokenizer& tok, const text::C
       opt_(std::move(opt)),
       pool_(std::max<int64_t>(1, model.cache().shape().n_blocks), model.cache().block_size(), opt_.prefix_cache) {
   const KvCache& c = model_.cache();
+  sample_vocab_ = std::min(model_.config().vocab_size, tok_.vocab_size());
   MOE_CHECK(c.shape().paged(), "internal: the served model needs a paged KV cache");
   MOE_CHECK(opt_.max_num_seqs >= 1 && opt_.max_num_seqs <= c.n_slots(),
             "--max-num-seqs {} must be in [1, {}] (the KV cache's sequence slots)", opt_.max_num_seqs, c.n_slots());
@@ -230,6 +231,8 @@ void ModelEngine::update_shared() {
 
 void ModelEngine::sample_rows(const std::vector<Request*>& rows, const Tensor& logits) {
   const int64_t V = model_.config().vocab_size;
+  // Rows are V wide, but only ids the tokenizer has are drawn (see sample_vocab_).
+  const int64_t Vs = sample_vocab_;
   std::vector<float> row, lp, masked;
   for (size_t i = 0; i < rows.size(); ++i) {
     Request& r = *rows[i];
@@ -244,9 +247,9 @@ void ModelEngine::sample_rows(const std::vector<Request*>& rows, const Tensor& l
     // reports them; the draw sees only the tokens the grammar allows.
     const float* drawn = lg;
     if (r.matcher) {
-      masked.assign(lg, lg + V);
+      masked.assign(lg, lg + Vs);
       bool any = false;
-      for (int64_t id = 0; id < V; ++id) {
+      for (int64_t id = 0; id < Vs; ++id) {
         const bool ok = grammar::mask_allows(r.mask.data(), static_cast<int32_t>(id));
         any = any || ok;
         if (!ok) masked[id] = -std::numeric_limits<float>::infinity();
@@ -260,16 +263,16 @@ void ModelEngine::sample_rows(const std::vector<Request*>& rows, const Tensor& l
     }
     // The draw depends on (seed, step) only: the same seed gives the same text alone or
     // in any batch.
-    const int32_t tok = sample_token(drawn, V, r.p.sampling, 0, static_cast<uint64_t>(r.n_generated()));
+    const int32_t tok = sample_token(drawn, Vs, r.p.sampling, 0, static_cast<uint64_t>(r.n_generated()));
     const bool grammar_done = r.matcher && r.matcher->accept(tok) && r.matcher->terminated();
     TokenLogprob tl;
     tl.id = tok;
     if (r.p.top_logprobs >= 0) {
-      log_softmax(lg, V, lp);
+      log_softmax(lg, Vs, lp);
       tl.logprob = lp[tok];
-      std::vector<int32_t> order(V);
+      std::vector<int32_t> order(Vs);
       std::iota(order.begin(), order.end(), 0);
-      const int64_t k = std::min<int64_t>(r.p.top_logprobs, V);
+      const int64_t k = std::min<int64_t>(r.p.top_logprobs, Vs);
       std::partial_sort(order.begin(), order.begin() + k, order.end(),
                         [&](int32_t a, int32_t b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
       for (int64_t j = 0; j < k; ++j) tl.top.emplace_back(order[j], lp[order[j]]);
@@ -312,7 +315,11 @@ bool ModelEngine::step() {
       // What sample_rows reads of the row: penalties and logprobs read all of it.
       const bool whole =
           r.p.presence_penalty != 0 || r.p.frequency_penalty != 0 || r.p.top_logprobs >= 0 || r.matcher != nullptr;
-      b.logit_top_k.push_back(whole ? 0 : sampled_top_k(r.p.sampling));
+      // A draw among the row's k best of the first sample_vocab_ ids: with padding ids
+      // past the tokenizer, up to (V - sample_vocab_) of the row's best may be padding.
+      const int32_t k = whole ? 0 : sampled_top_k(r.p.sampling);
+      const int64_t pad = model_.config().vocab_size - sample_vocab_;
+      b.logit_top_k.push_back(k == 0 ? 0 : static_cast<int32_t>(std::min<int64_t>(k + pad, std::numeric_limits<int32_t>::max())));
       logit_req.push_back(&r);
     }
     b.seqs.push_back(sp);

@@ -112,6 +112,12 @@ class ModelEngine final : public Engine {
   double comm_s_ = 0, comm_bytes_ = 0;
   int64_t steps_ = 0, prefill_tokens_ = 0, decode_tokens_ = 0;
 
+  // Ids a draw may pick: min(model vocab, tokenizer vocab). Checkpoints pad their
+  // vocabulary past the tokenizer (Qwen3: 151,936 rows for 151,669 tokens); a padding id
+  // has no text, and one drawn from a random or badly trained model would end the
+  // request's decoding in an error, so draws stay below it.
+  int64_t sample_vocab_ = 0;
+
   // Scheduler thread only.
   std::deque<std::unique_ptr<Request>> waiting_;
   std::vector<std::unique_ptr<Request>> running_;

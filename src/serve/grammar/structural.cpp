@@ -86,7 +86,7 @@ void bounded_strings_as_patterns(Json& s) {
 Json json_schema_format(const Json& schema) {
   Json s = schema;
   bounded_strings_as_patterns(s);
-  return Json{{"type", "json_schema"}, {"json_schema", std::move(s)}};
+  return Json{{"type", "json_schema"}, {"json_schema", std::move(s)}, {"max_whitespace_cnt", kMaxWhitespace}};
 }
 
 Json tool_call_format(parsers::ToolCallKind kind, const Json& tools, const std::string& only_name) {

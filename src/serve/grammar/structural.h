@@ -33,6 +33,12 @@ inline constexpr size_t kMaxTools = 128;
 // KiB; compile time grows with the schema.
 inline constexpr size_t kMaxSchemaBytes = 64 * 1024;
 
+// The longest run of whitespace the JSON grammar allows between tokens. Unbounded, a
+// model that favours whitespace tokens can spend its whole max_tokens between two
+// values (seen on the fixture models); 20 still lets a model pretty-print JSON nested
+// four deep with an indent of four ("\n" + 16 spaces). xgrammar's max_whitespace_cnt.
+inline constexpr int kMaxWhitespace = 20;
+
 Json json_object_format();
 Json json_schema_format(const Json& schema);
 

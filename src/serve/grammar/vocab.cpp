@@ -1,11 +1,10 @@
 #include "serve/grammar/vocab.h"
 
 #include <algorithm>
-#include <array>
 #include <cstdio>
-#include <optional>
 
 #include "text/tokenizer.h"
+#include "text/unicode.h"
 
 namespace moe::serve::grammar {
 
@@ -15,58 +14,6 @@ const std::vector<std::string> kFormatMarkers = {
     "<｜tool▁sep｜>"};
 
 namespace {
-
-// GPT-2's bytes_to_unicode: bytes 33-126, 161-172 and 174-255 stand for themselves;
-// the other 68 take the code points 256, 257, ... in byte order.
-const std::array<char32_t, 256>& byte_chars() {
-  static const std::array<char32_t, 256> table = [] {
-    std::array<char32_t, 256> t{};
-    char32_t next = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool self = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-      t[b] = self ? static_cast<char32_t>(b) : next++;
-    }
-    return t;
-  }();
-  return table;
-}
-
-void put_utf8(char32_t c, std::string& out) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
-}
-
-// The code points of valid UTF-8 `s`, or nullopt.
-std::optional<std::u32string> code_points(const std::string& s) {
-  std::u32string out;
-  for (size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return std::nullopt;
-    char32_t c = n == 1 ? b : b & (0x7F >> n);
-    for (int k = 1; k < n; ++k) {
-      const auto cb = static_cast<unsigned char>(s[i + k]);
-      if ((cb & 0xC0) != 0x80) return std::nullopt;
-      c = (c << 6) | (cb & 0x3F);
-    }
-    out += c;
-    i += n;
-  }
-  return out;
-}
 
 std::string token_string(const text::Tokenizer& tok, int32_t id) {
   try {
@@ -81,9 +28,7 @@ bool has_token(const text::Tokenizer& tok, const std::string& s) { return tok.to
 VocabKind detect_kind(const text::Tokenizer& tok) {
   bool byte_level = true, byte_fallback = true;
   for (int b = 0; b < 256 && (byte_level || byte_fallback); ++b) {
-    std::string c;
-    put_utf8(byte_chars()[b], c);
-    byte_level = byte_level && has_token(tok, c);
+    byte_level = byte_level && has_token(tok, std::string(text::uni::byte_to_utf8(static_cast<uint8_t>(b))));
     char hex[8];
     std::snprintf(hex, sizeof hex, "<0x%02X>", b);
     byte_fallback = byte_fallback && has_token(tok, hex);
@@ -112,11 +57,10 @@ std::string token_text(VocabKind kind, const std::string& s) {
     case VocabKind::byte_level: {
       // A character outside the table means an added token stored as its own text
       // (DeepSeek's "<｜tool▁sep｜>").
-      const auto cps = code_points(s);
-      if (!cps) return s;
+      if (text::uni::find_invalid_utf8(s) != std::string::npos) return s;
       std::string out;
-      for (char32_t c : *cps) {
-        const int b = byte_level_byte(c);
+      for (size_t i = 0; i < s.size();) {
+        const int b = text::uni::cp_to_byte(text::uni::next_cp(s, i));
         if (b < 0) return s;
         out += static_cast<char>(b);
       }
@@ -135,15 +79,6 @@ std::string token_text(VocabKind kind, const std::string& s) {
 }
 
 }  // namespace
-
-int byte_level_byte(char32_t c) {
-  static const std::vector<int> inverse = [] {
-    std::vector<int> inv(256 + 68, -1);
-    for (int b = 0; b < 256; ++b) inv[byte_chars()[b]] = b;
-    return inv;
-  }();
-  return c < inverse.size() ? inverse[c] : -1;
-}
 
 GrammarVocab grammar_vocab(const text::Tokenizer& tok, int64_t model_vocab) {
   GrammarVocab v;

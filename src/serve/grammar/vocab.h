@@ -40,8 +40,4 @@ extern const std::vector<std::string> kFormatMarkers;
 // produced and get no entry).
 GrammarVocab grammar_vocab(const text::Tokenizer& tok, int64_t model_vocab);
 
-// GPT-2's byte-to-character table read backwards: the byte a byte-level character
-// stands for, or -1 for a character outside the table.
-int byte_level_byte(char32_t c);
-
 }  // namespace moe::serve::grammar
