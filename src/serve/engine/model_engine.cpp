@@ -312,14 +312,16 @@ bool ModelEngine::step() {
     }
     if (r.n_cached + n == static_cast<int64_t>(r.tokens.size())) {
       b.logit_rows.push_back(b.n_tokens() - 1);
-      // What sample_rows reads of the row: penalties and logprobs read all of it.
+      // What sample_rows reads of the row: penalties, logprobs and a grammar's mask read
+      // all of it.
       const bool whole =
           r.p.presence_penalty != 0 || r.p.frequency_penalty != 0 || r.p.top_logprobs >= 0 || r.matcher != nullptr;
       // A draw among the row's k best of the first sample_vocab_ ids: with padding ids
       // past the tokenizer, up to (V - sample_vocab_) of the row's best may be padding.
       const int32_t k = whole ? 0 : sampled_top_k(r.p.sampling);
       const int64_t pad = model_.config().vocab_size - sample_vocab_;
-      b.logit_top_k.push_back(k == 0 ? 0 : static_cast<int32_t>(std::min<int64_t>(k + pad, std::numeric_limits<int32_t>::max())));
+      const int64_t wanted = std::min<int64_t>(k + pad, std::numeric_limits<int32_t>::max());
+      b.logit_top_k.push_back(k == 0 ? 0 : static_cast<int32_t>(wanted));
       logit_req.push_back(&r);
     }
     b.seqs.push_back(sp);
