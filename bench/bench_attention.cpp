@@ -5,9 +5,9 @@
 // (gqa_attend_reference), bit for bit. Then times gqa_attend (median of --repeats) and
 // prints, per decode context, the KV bytes the step reads over its time against the
 // read bandwidth probed in the same run (kernels/probes.h), and per prefill the causal
-// multiply-adds per second against the f32 peak of the active ISA. The kernel runs a
-// multiply and an add per term (no FMA: -ffp-contract=off keeps the bits the same on
-// every ISA), so half of that peak is its ceiling.
+// multiply-adds per second against the f32 peak of the active ISA (the kernel's dot
+// products and V sums are fused multiply-adds, model/attention_math.h, so that peak is
+// its ceiling; the softmax's exp and the folds come on top).
 //
 //   bench_attention [--heads 32] [--kv-heads 4] [--head-dim 128] [--context 512,4096,16384,32768]
 //                   [--prefill 512,4096] [--dtype bf16|f32] [--repeats 5] [--threads N]

@@ -48,6 +48,36 @@ TEST_P(ModelGolden, GreedyTokensMatchTransformers) {
   EXPECT_EQ(r.decode_steps, 15);
 }
 
+// sample_vocab (the tokenizer's size, below the checkpoint's padded vocabulary): every
+// draw stays below it, greedy, top-k (its per-row limit widened by the padding) and
+// top-p; at the full vocabulary it changes nothing.
+TEST(ModelGenerate, DrawsStayBelowSampleVocab) {
+  const ModelFixture f = test::model_fixtures().front();
+  auto m = test::load_model(f.dir);
+  const int64_t V = m->config().vocab_size, limit = V / 2;
+  GenerateOptions go;
+  go.max_new_tokens = 16;
+  go.ignore_eos = true;
+  const GenerateResult whole = generate(*m, f.prompts, go);
+  bool passes = false;
+  for (const auto& t : whole.tokens)
+    for (int32_t id : t) passes = passes || id >= limit;
+  ASSERT_TRUE(passes) << "the fixture's greedy tokens never pass V/2: this test would not test anything";
+  go.sample_vocab = V;
+  EXPECT_EQ(generate(*m, f.prompts, go).tokens, whole.tokens);
+  go.sample_vocab = limit;
+  for (int mode = 0; mode < 3; ++mode) {
+    go.sampling = SamplingParams{};
+    if (mode == 1) go.sampling = SamplingParams{1.0, 3, 1.0, 7};
+    if (mode == 2) go.sampling = SamplingParams{1.0, 0, 0.9, 7};
+    const GenerateResult r = generate(*m, f.prompts, go);
+    for (const auto& t : r.tokens) {
+      EXPECT_EQ(t.size(), 16u);
+      for (int32_t id : t) EXPECT_LT(id, limit) << "mode " << mode;
+    }
+  }
+}
+
 // bf16 bound, derived: bf16 rounds each GEMM input and weight to 8 significant bits
 // (relative error 2^-9 = 0.2%); over 2-3 decoder layers with residual connections the
 // observed logit error is 0.3-0.6% of the largest |logit| (per family: qwen3 0.33%,

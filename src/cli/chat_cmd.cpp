@@ -105,6 +105,7 @@ int run_chat(const ChatOpts& o) {
   go.sampling.top_p = o.top_p;
   go.sampling.seed = o.seed;
   go.extra_eos = tokenizer_stop_ids(*tm.tok);
+  go.sample_vocab = tm.tok->vocab_size();
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
   std::unique_ptr<LineReader> reader;

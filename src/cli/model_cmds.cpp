@@ -124,6 +124,7 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
     tm = load_text_model(o.model_dir, g.chat);
     prompts = text_prompts(g, tm);
     go.extra_eos = tokenizer_stop_ids(*tm.tok);
+    go.sample_vocab = tm.tok->vocab_size();
   }
   Loaded L = load(o, g.max_new_tokens, true,
                   fmt::format("generate {} {} {} {} {} {} {}", g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.seed,

@@ -58,12 +58,18 @@ constexpr int kQBlock = 8;  // new tokens of a sequence per prefill item
 // vector must stay in registers. AVX-512: 8 zmm of 32; AVX2: a v16 is 2 ymm, 4 heads
 // take 8 of 16; SSE: 4 xmm per v16, 2 heads. The grouping never changes the bits (each
 // head's arithmetic is its own).
+// kHeads2: heads per pass when a pass takes two vectors of keys (scores) or of dims (V
+// sums): every q (or p) value loaded then feeds two multiply-adds instead of one, which
+// is what bounds these loops (one broadcast load per multiply-add). AVX-512: 2 x 8
+// accumulators and 2 loaded vectors of 32 zmm; AVX2: 2 x 2 heads x 2 ymm + 4 of 16 ymm;
+// SSE: off (0). Each element's multiply-adds are the same ones in the same order: the
+// same bits.
 #if defined(__AVX512F__)
-constexpr int kHeads = 8;
+constexpr int kHeads = 8, kHeads2 = 8;
 #elif defined(__AVX2__)
-constexpr int kHeads = 4;
+constexpr int kHeads = 4, kHeads2 = 2;
 #else
-constexpr int kHeads = 2;
+constexpr int kHeads = 2, kHeads2 = 0;
 #endif
 
 inline v16 load(const float* p) {
@@ -123,6 +129,27 @@ inline void score_heads(const float* q, int64_t hd, const E* kt, int64_t kstride
   for (int g = 0; g < NG; ++g) store(out + g * ldo, acc[g] * scale);
 }
 
+// score_heads against two tiles of 16 keys at once (kt0, kt1: the same stride):
+// out[g * ldo + lane] for kt0's keys, out[g * ldo + 16 + lane] for kt1's.
+template <int NG, class E>
+inline void score_heads2(const float* q, int64_t hd, const E* kt0, const E* kt1, int64_t kstride, float* out,
+                         int64_t ldo, float scale) {
+  v16 a0[NG], a1[NG];
+  for (int g = 0; g < NG; ++g) a0[g] = a1[g] = v16{};
+  for (int64_t d = 0; d < hd; ++d) {
+    const v16 k0 = load_kv(kt0 + d * kstride), k1 = load_kv(kt1 + d * kstride);
+    for (int g = 0; g < NG; ++g) {
+      const float qd = q[g * hd + d];
+      a0[g] = attn_math::fmadd(qd, k0, a0[g]);
+      a1[g] = attn_math::fmadd(qd, k1, a1[g]);
+    }
+  }
+  for (int g = 0; g < NG; ++g) {
+    store(out + g * ldo, a0[g] * scale);
+    store(out + g * ldo + kLanes, a1[g] * scale);
+  }
+}
+
 // oc[g][d] = sum over j < jn, in order, of p[g * kChunk + j] * v_j[d], NG heads, dims
 // [d0, d0 + 16).
 template <int NG, class E>
@@ -136,21 +163,46 @@ inline void v_heads(const float* p, int64_t jn, const void* const* vrows, int64_
   for (int g = 0; g < NG; ++g) store(oc + g * hd, acc[g]);
 }
 
-// Runs f<NG>(g0) over the G heads in passes of kHeads (the last pass narrower).
-template <template <int> class F, class... Args>
-inline void by_head_groups(int64_t G, Args&&... args) {
+// v_heads over two vectors of dims at once: [off, off + 16) into oc, [off + 16, off + 32)
+// into oc + 16.
+template <int NG, class E>
+inline void v_heads2(const float* p, int64_t jn, const void* const* vrows, int64_t off, float* oc, int64_t hd) {
+  v16 a0[NG], a1[NG];
+  for (int g = 0; g < NG; ++g) a0[g] = a1[g] = v16{};
+  for (int64_t j = 0; j < jn; ++j) {
+    const E* row = static_cast<const E*>(vrows[j]) + off;
+    const v16 v0 = load_kv(row), v1 = load_kv(row + kLanes);
+    for (int g = 0; g < NG; ++g) {
+      const float pj = p[g * kChunk + j];
+      a0[g] = attn_math::fmadd(pj, v0, a0[g]);
+      a1[g] = attn_math::fmadd(pj, v1, a1[g]);
+    }
+  }
+  for (int g = 0; g < NG; ++g) {
+    store(oc + g * hd, a0[g]);
+    store(oc + g * hd + kLanes, a1[g]);
+  }
+}
+
+// Runs f<NG>(g0) over the G heads in passes of W (the last pass narrower).
+template <int W, template <int> class F, class... Args>
+inline void by_head_groups_of(int64_t G, Args&&... args) {
   int64_t g0 = 0;
-  for (; g0 + kHeads <= G; g0 += kHeads) F<kHeads>::run(g0, args...);
+  for (; g0 + W <= G; g0 += W) F<W>::run(g0, args...);
   switch (G - g0) {
     case 0: break;
 #define MOE_ATTN_CASE(n) \
   case n:                \
-    if constexpr (n < kHeads) F<n>::run(g0, args...); \
+    if constexpr (n < W) F<n>::run(g0, args...); \
     break;
     MOE_ATTN_CASE(1) MOE_ATTN_CASE(2) MOE_ATTN_CASE(3) MOE_ATTN_CASE(4) MOE_ATTN_CASE(5) MOE_ATTN_CASE(6)
     MOE_ATTN_CASE(7)
 #undef MOE_ATTN_CASE
   }
+}
+template <template <int> class F, class... Args>
+inline void by_head_groups(int64_t G, Args&&... args) {
+  by_head_groups_of<kHeads, F>(G, args...);
 }
 
 template <class E>
@@ -159,6 +211,28 @@ struct ScorePass {
   struct F {
     static void run(int64_t g0, const float* qt, int64_t hd, const E* kt, int64_t kstride, float* out, float scale) {
       score_heads<NG, E>(qt + g0 * hd, hd, kt, kstride, out + g0 * kChunk, kChunk, scale);
+    }
+  };
+};
+
+template <class E>
+struct ScorePass2 {
+  template <int NG>
+  struct F {
+    static void run(int64_t g0, const float* qt, int64_t hd, const E* kt0, const E* kt1, int64_t kstride, float* out,
+                    float scale) {
+      score_heads2<NG, E>(qt + g0 * hd, hd, kt0, kt1, kstride, out + g0 * kChunk, kChunk, scale);
+    }
+  };
+};
+
+template <class E>
+struct VPass2 {
+  template <int NG>
+  struct F {
+    static void run(int64_t g0, const float* p, int64_t jn, const void* const* vrows, int64_t off, float* oc,
+                    int64_t hd) {
+      v_heads2<NG, E>(p + g0 * kChunk, jn, vrows, off, oc + g0 * hd, hd);
     }
   };
 };
@@ -223,6 +297,21 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
           }
         };
         if (fast) {  // 16 positions of one block: column d at + d * B
+          if (kHeads2 > 0 && j0 + kLanes < c1) {  // and the next 16 (some token needs them): both in one pass
+            const E* kt0 = cache.a_block<E>(a.layer, sp.slot, j0) + kvh * hd * B;
+            const E* kt1 = cache.a_block<E>(a.layer, sp.slot, j0 + kLanes) + kvh * hd * B;
+            if constexpr (kHeads2 > 0)
+              for (int64_t t = 0; t < it.nt; ++t) {
+                // A token before the second tile scores it too: those entries lie past
+                // its last key in the chunk, which the softmax never reads.
+                if (pos[t] < j0) continue;
+                by_head_groups_of<kHeads2, ScorePass2<E>::template F>(
+                    G, a.q + (it.t0 + t) * ldq + kvh * G * hd, hd, kt0, kt1, B, sc + t * G * kChunk + (j0 - c0),
+                    a.scale);
+              }
+            j0 += kLanes;
+            continue;
+          }
           score(cache.a_block<E>(a.layer, sp.slot, j0) + kvh * hd * B, B);
           continue;
         }
@@ -263,7 +352,11 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
         }
         for (int64_t j = 0; j < jn; ++j) s.vrows[j] = cache.b_row<E>(a.layer, sp.slot, c0 + j) + kvh * hd;
         const float* p = sc + t * G * kChunk;
-        for (int64_t d0 = 0; d0 < d16; d0 += kLanes)
+        int64_t d0 = 0;
+        if constexpr (kHeads2 > 0)
+          for (; d0 + 2 * kLanes <= d16; d0 += 2 * kLanes)
+            by_head_groups_of<kHeads2, VPass2<E>::template F>(G, p, jn, s.vrows.data(), d0, s.oc.data() + d0, hd);
+        for (; d0 < d16; d0 += kLanes)
           by_head_groups<VPass<E>::template F>(G, p, jn, s.vrows.data(), d0, s.oc.data() + d0, hd);
         for (int64_t d = d16; d < hd; ++d)  // head_dim tail: the same sums, a scalar per dim
           for (int64_t g = 0; g < G; ++g) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 
 #include "core/check.h"
 #include "runtime/runner.h"
@@ -93,6 +94,7 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
   MOE_CHECK(opt.max_new_tokens >= 1, "--max-new-tokens must be at least 1, got {}", opt.max_new_tokens);
   validate_prompts(c, prompts, m.cache().max_seq(), opt.max_new_tokens);
   const int64_t V = c.vocab_size, B = static_cast<int64_t>(prompts.size());
+  const int64_t Vs = opt.sample_vocab > 0 ? std::min(V, opt.sample_vocab) : V;  // ids a draw may pick
   std::vector<Sequence> seqs = own_sequences(m, prompts);
   GenerateResult res;
   res.step_logits.assign(B, {});
@@ -117,14 +119,18 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
     StepBatch b = prepare_step(run, false);
     // Only the sampler reads these logits (unless they are kept): under a
     // vocabulary-parallel lm_head the ranks then send their best few, not their slices.
-    if (!opt.keep_logits) b.logit_top_k.assign(b.logit_rows.size(), sampled_top_k(opt.sampling));
+    // With padding ids past sample_vocab, up to (V - Vs) of a row's best may be padding.
+    const int32_t k = sampled_top_k(opt.sampling);
+    if (!opt.keep_logits)
+      b.logit_top_k.assign(b.logit_rows.size(),
+                           k == 0 ? 0 : static_cast<int32_t>(std::min<int64_t>(k + (V - Vs), std::numeric_limits<int32_t>::max())));
     const double t0 = now_s();
     const Tensor logits = m.forward(b);  // [run.size(), V]
     commit_step(run);
     std::vector<int32_t> picked(run.size());
     for (size_t i = 0; i < run.size(); ++i) {
       const float* lg = logits.data<float>() + i * V;
-      picked[i] = sample_token(lg, V, opt.sampling, run[i]->id, run[i]->n_generated());
+      picked[i] = sample_token(lg, Vs, opt.sampling, run[i]->id, run[i]->n_generated());
       if (opt.keep_logits) res.step_logits[run[i]->id].insert(res.step_logits[run[i]->id].end(), lg, lg + V);
     }
     // picked[n + i] = 1: request i stops here (the leader's on_token said so).

@@ -28,6 +28,9 @@ struct GenerateOptions {
   // More ids that end a request, beside the config's eos_token_id (e.g. the tokenizer's
   // end-of-turn token).
   std::vector<int64_t> extra_eos;
+  // > 0: draws only ids below this, the tokenizer's size. Checkpoints pad their
+  // vocabulary past it (Qwen3: 151,936 rows, 151,669 tokens); a padding id has no text.
+  int64_t sample_vocab = 0;
   // Called on the first rank of the request's DP replica with each sampled token (not
   // for EOS); returning true ends the request there (a stop string). The decision
   // travels with the token to the replica's other ranks, so they never disagree.
