@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <limits>
 
 #include "core/check.h"
 #include "runtime/runner.h"
@@ -119,11 +118,7 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
     StepBatch b = prepare_step(run, false);
     // Only the sampler reads these logits (unless they are kept): under a
     // vocabulary-parallel lm_head the ranks then send their best few, not their slices.
-    // With padding ids past sample_vocab, up to (V - Vs) of a row's best may be padding.
-    const int32_t k = sampled_top_k(opt.sampling);
-    if (!opt.keep_logits)
-      b.logit_top_k.assign(b.logit_rows.size(),
-                           k == 0 ? 0 : static_cast<int32_t>(std::min<int64_t>(k + (V - Vs), std::numeric_limits<int32_t>::max())));
+    if (!opt.keep_logits) b.logit_top_k.assign(b.logit_rows.size(), gathered_top_k(opt.sampling, V - Vs));
     const double t0 = now_s();
     const Tensor logits = m.forward(b);  // [run.size(), V]
     commit_step(run);

@@ -6,6 +6,7 @@
 // of ranks (given the same logits).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -36,6 +37,15 @@ inline bool logit_before(const float* logits, int32_t a, int32_t b) {
 inline int32_t sampled_top_k(const SamplingParams& p) {
   if (p.greedy()) return 1;
   return p.top_k > 0 && p.top_k <= std::numeric_limits<int32_t>::max() ? static_cast<int32_t>(p.top_k) : 0;
+}
+
+// The k best a row must bring (a vocabulary-parallel lm_head's per-rank limit) for a
+// draw under p among the first V - padding ids: up to `padding` of the row's best may be
+// ids past the tokenizer, which are never drawn. 0: the whole row.
+inline int32_t gathered_top_k(const SamplingParams& p, int64_t padding) {
+  const int32_t k = sampled_top_k(p);
+  if (k == 0) return 0;
+  return static_cast<int32_t>(std::min<int64_t>(k + padding, std::numeric_limits<int32_t>::max()));
 }
 
 // Picks a token from logits[V]. Deterministic for the same inputs. Only the

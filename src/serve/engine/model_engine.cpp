@@ -316,12 +316,8 @@ bool ModelEngine::step() {
       // all of it.
       const bool whole =
           r.p.presence_penalty != 0 || r.p.frequency_penalty != 0 || r.p.top_logprobs >= 0 || r.matcher != nullptr;
-      // A draw among the row's k best of the first sample_vocab_ ids: with padding ids
-      // past the tokenizer, up to (V - sample_vocab_) of the row's best may be padding.
-      const int32_t k = whole ? 0 : sampled_top_k(r.p.sampling);
-      const int64_t pad = model_.config().vocab_size - sample_vocab_;
-      const int64_t wanted = std::min<int64_t>(k + pad, std::numeric_limits<int32_t>::max());
-      b.logit_top_k.push_back(k == 0 ? 0 : static_cast<int32_t>(wanted));
+      // Draws stay below sample_vocab_: the padding past it may hold some of the k best.
+      b.logit_top_k.push_back(whole ? 0 : gathered_top_k(r.p.sampling, model_.config().vocab_size - sample_vocab_));
       logit_req.push_back(&r);
     }
     b.seqs.push_back(sp);
