@@ -26,12 +26,18 @@ namespace moe {
 namespace {
 
 const std::string kModels = std::string(MOE_FIXTURES_DIR) + "/gguf/models/";
-// Q4_0ExpertsModelNearTheF32One: int8 rounding of the int4 layers' inputs (per token,
+// Q4_0ExpertsModelNearTheF32One: int8 rounding of the coded layers' inputs (per token,
 // absmax / 127 steps) is the only difference. Measured 1 - cosine: 1.5e-8 with the experts
 // alone in int4 (their output is a small part of the residual), 1.25e-4 once attn_output
-// is int4 too (its output is added to the residual directly); 1e-3 leaves an 8x margin
-// and is ten times tighter than the W8A8 models' bound (0.99, test_quant_model.cpp).
+// is int4 too (its output is added to the residual directly), 5.0e-4 since every coded
+// linear keeps its codes (q, k, v, lm_head and the dense MLP too: nine int8-input GEMMs
+// per token instead of two). 1e-3 is ten times tighter than the W8A8 models' bound (0.99,
+// test_quant_model.cpp).
 constexpr double kInt4Cosine = 1 - 1e-3;
+// KQuantModelNearTheF32One: the K-quant fixture's weights are uniform random codes (not a
+// trained model's bell curve), so its layer outputs have larger outliers per token and
+// every one of its GEMMs takes int8 inputs; measured 1 - cosine 1.26e-3. 5e-3 leaves a 4x
+// margin and is still twice as tight as the W8A8 models' bound.
 
 test::ModelFixture fixture(const std::string& name) {
   for (auto& f : test::model_fixtures())
@@ -273,9 +279,102 @@ TEST(GgufCheckpoint, Q4_0ExpertsModelNearTheF32One) {
   auto q = load(path, DType::F32, true), f = load(path, DType::F32, false);
   const Tensor lq = prefill_logits(*q, prompts), lf = prefill_logits(*f, prompts);
   const double worst = test::worst_logit_cosine(lq, lf, prompts);
-  std::printf("[ gguf ] Q4_0 experts and attn_output in int4 vs dequantised f32: worst logit cosine %.9f\n", worst);
+  std::printf("[ gguf ] Q4_0 file with every coded weight in its codes vs dequantised f32: worst logit cosine %.9f\n", worst);
   EXPECT_GE(worst, kInt4Cosine);
   EXPECT_LT(worst, 1.0);  // the int8 activations do change something: the int4 path ran
+}
+
+// Every GGUF integer-coded type loads into its group-coded format without losing a bit:
+// the K-quant file's experts (layer 0 as llama.cpp's Q4_K_M: gate, up Q4_K, down Q6_K;
+// layer 1 gate Q5_K with up Q8_0 in one matrix, down Q5_1) unpack to the file's
+// dequantised values (which QuantisedTypesGiveGgufPysDequantisedValues ties to gguf-py),
+// on one rank, under EP and under MoE-TP (whose down slice of 128 of 256 inputs starts
+// inside a K-quant block).
+TEST(GgufCheckpoint, KQuantExpertsAreExactCodes) {
+  const Checkpoint g = Checkpoint::open(kModels + "qwen3moe-kquant.gguf");
+  const MoeConfig cfg = MoeConfig::from_hf(g.config());
+  struct Want { CodedFormat w13, w2; };
+  const Want want[] = {{{32, 4, true}, {16, 8, false}}, {{32, 8, true}, {32, 8, true}}};
+  struct Layout { int64_t begin, end; int tp_rank, tp_size; };
+  for (int64_t layer : {0, 1})
+    for (const Layout lay : {Layout{0, -1, 0, 1}, Layout{2, 4, 0, 1}, Layout{1, 3, 1, 2}}) {
+      MlpLoadOptions o;
+      o.compute = DType::BF16;
+      o.expert_begin = lay.begin;
+      o.expert_end = lay.end;
+      o.tp_rank = lay.tp_rank;
+      o.tp_size = lay.tp_size;
+      const MoeLayerWeights w = load_moe_layer(g, cfg, layer, o);
+      for (const auto& [got, f] : {std::pair{&w.w13, want[layer].w13}, std::pair{&w.w2, want[layer].w2}}) {
+        const CodedFormat c = coded_format(*got);
+        EXPECT_EQ(c.group, f.group) << "layer " << layer;
+        EXPECT_EQ(c.bits, f.bits) << "layer " << layer;
+        EXPECT_EQ(c.offsets, f.offsets) << "layer " << layer;
+      }
+      const int64_t I = cfg.moe_intermediate_size, Il = I / lay.tp_size, i0 = lay.tp_rank * Il, H = cfg.hidden_size;
+      const int64_t n_local = (lay.end < 0 ? cfg.n_experts : lay.end) - lay.begin;
+      for (int64_t e = 0; e < n_local; ++e) {
+        const std::string p = fmt::format("model.layers.{}.mlp.experts.{}.", layer, lay.begin + e);
+        const Tensor gate = g.view(p + "gate_proj.weight"), up = g.view(p + "up_proj.weight"),
+                     down = g.view(p + "down_proj.weight");
+        const Tensor w13 = unpack_expert(w.w13, e), w2 = unpack_expert(w.w2, e);
+        for (int64_t n = 0; n < 2 * Il; ++n)
+          for (int64_t k = 0; k < H; ++k)
+            ASSERT_EQ(w13.data<float>()[n * H + k], (n < Il ? gate : up).data<float>()[(i0 + n % Il) * H + k])
+                << p << " w13 row " << n << " col " << k;
+        for (int64_t n = 0; n < H; ++n)
+          for (int64_t k = 0; k < Il; ++k)
+            ASSERT_EQ(w2.data<float>()[n * Il + k], down.data<float>()[n * I + i0 + k]) << p << " w2 row " << n << " col " << k;
+      }
+    }
+}
+
+// Every coded linear of the quantised fixture (attn_q Q4_K, attn_k Q5_K, attn_v and
+// lm_head Q6_K, attn_output Q4_0) holds gguf-py's dequantised values exactly, whole and
+// as this rank's input slice of 2 (which for the K-quants starts mid-block).
+TEST(GgufCheckpoint, CodedLinearsAreExact) {
+  const Checkpoint g = Checkpoint::open(kModels + "qwen3moe-quant.gguf");
+  const Checkpoint r = Checkpoint::open(kModels + "qwen3moe-quant-ref");
+  for (const std::string key : {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+                                "model.layers.0.self_attn.v_proj.weight", "lm_head.weight",
+                                "model.layers.1.self_attn.o_proj.weight"}) {
+    const Tensor want = r.view(key);
+    const int64_t N = want.dim(0), K = want.dim(1);
+    for (int size : {1, 2})
+      for (int rank = 0; rank < size; ++rank) {
+        LinearRead rd;
+        rd.weight = TensorRead{key, {N, K}, size == 1 ? ShardRule::replicated() : ShardRule::row(), rank, size, 0};
+        const Linear l = load_linear(g, rd, LinearOptions::keeping_int4(DType::BF16));
+        ASSERT_GT(l.w.int4_group, 0) << key;
+        const Tensor got = unpack_expert(l.w, 0);
+        const int64_t Kl = K / size, k0 = rank * Kl;
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < Kl; ++k)
+            ASSERT_EQ(got.data<float>()[n * Kl + k], want.data<float>()[n * K + k0 + k])
+                << key << " rank " << rank << "/" << size << " row " << n << " col " << k;
+      }
+  }
+}
+
+// With every weight in its codes only the activations entering them are rounded (int8
+// per token), so the K-quant model's logits stay close to the same file dequantised to
+// f32, and its experts take the coded bytes: 4.5 bits per weight for Q4_K (half a byte
+// plus an f32 scale and offset per 32), not 32.
+TEST(GgufCheckpoint, KQuantModelNearTheF32One) {
+  const std::string path = kModels + "qwen3moe-kquant.gguf";
+  const std::vector<std::vector<int32_t>> prompts = {{3}, {1, 4, 1, 5, 9}, {2, 6, 5, 3, 5, 8, 9, 7, 9}};
+  auto q = load(path, DType::F32, true), f = load(path, DType::F32, false);
+  const Tensor lq = prefill_logits(*q, prompts), lf = prefill_logits(*f, prompts);
+  const double worst = test::worst_logit_cosine(lq, lf, prompts);
+  std::printf("[ gguf ] K-quant model in its codes vs dequantised f32: worst logit cosine %.9f\n", worst);
+  EXPECT_GE(worst, 1 - 5e-3);
+  EXPECT_LT(worst, 1.0);  // the coded path ran
+  const Checkpoint g = Checkpoint::open(path);
+  const MoeConfig cfg = MoeConfig::from_hf(g.config());
+  const MoeLayerWeights w = load_moe_layer(g, cfg, 0, MlpLoadOptions{});
+  const int64_t E = cfg.n_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
+  EXPECT_EQ(w.w13.data.nbytes() + w.w13.w_scale.nbytes() + w.w13.w_offset.nbytes(),
+            static_cast<size_t>(E * 2 * I * H / 2 + E * 2 * I * (H / 32) * 8));
 }
 
 TEST(GgufCheckpoint, ConfigIsTheSources) {

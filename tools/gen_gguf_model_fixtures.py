@@ -38,6 +38,11 @@ Into tests/fixtures/gguf/models/:
   qwen3moe-quant-ref/   the same model as a Hugging Face directory: config.json and f32
                         weights that are gguf.quants.dequantize's values of each tensor
                         (the reference the engine's reading of the GGUF must equal)
+  qwen3moe-kquant.gguf  the same kind of model with K-quant routed experts: layer 0 as
+                        llama.cpp's Q4_K_M makes them (gate, up Q4_K; down Q6_K), layer 1
+                        gate Q5_K, up Q8_0, down Q5_1; k = 256 (whole K-quant blocks). No
+                        twin directory (7 MB): the tests compare with the file's own
+                        dequantised values, which the quant pair above ties to gguf-py.
 Deterministic (seeded); rerunning rewrites the same bytes.
 """
 import json
@@ -416,12 +421,20 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def quantised():
-    rng = np.random.default_rng(2026)
-    cfg = QCFG
+# The K-quant model: llama.cpp's Q4_K_M recipe for the routed experts of layer 0 (gate and
+# up Q4_K, down Q6_K) and, in layer 1, gate and up of two forms (Q5_K has a min, Q8_0 a
+# zero point) with down Q5_1; k of 256 so every row holds whole K-quant blocks.
+KCFG = dict(QCFG, moe_intermediate_size=256, intermediate_size=256, mlp_only_layers=[])
+KQUANT_EXPERTS = {0: (T.Q4_K, T.Q4_K, T.Q6_K), 1: (T.Q5_K, T.Q8_0, T.Q5_1)}
+
+
+def quantised(name="qwen3moe-quant", cfg=QCFG, experts=None, seed=2026, ref_dir=True):
+    """experts: {layer: (gate, up, down) types}; default Q4_0 for every MoE layer.
+    ref_dir: also write the dequantised twin directory NAME-ref/."""
+    rng = np.random.default_rng(seed)
     H, L, E, I, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_experts"], cfg["moe_intermediate_size"], cfg["vocab_size"]
     q_dim, kv_dim = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
-    w = gguf.GGUFWriter(os.path.join(OUT, "qwen3moe-quant.gguf"), "qwen3moe")
+    w = gguf.GGUFWriter(os.path.join(OUT, name + ".gguf"), "qwen3moe")
     header(w, "qwen3moe", cfg)
     ref = {}
 
@@ -454,7 +467,8 @@ def quantised():
                 qput(f"{g}ffn_{gg}.weight", f"{p}mlp.{hf}.weight", qt, shape)
             continue
         fput(g + "ffn_gate_inp.weight", p + "mlp.gate.weight", (E, H), 0.1, 0.0)
-        for (hf, gg), qt in zip(MLP, (T.Q4_0, T.Q4_0, T.Q4_0)):  # as in llama.cpp's Q4_0 files
+        # Q4_0 as in llama.cpp's Q4_0 files, unless `experts` says otherwise
+        for (hf, gg), qt in zip(MLP, (experts or {}).get(l, (T.Q4_0, T.Q4_0, T.Q4_0))):
             shape = (E, I, H) if gg != "down" else (E, H, I)
             raw, deq = quant_tensor(rng, qt, shape)
             w.add_tensor(f"{g}ffn_{gg}_exps.weight", raw, raw_dtype=qt)
@@ -464,7 +478,9 @@ def quantised():
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    d = os.path.join(OUT, "qwen3moe-quant-ref")
+    if not ref_dir:
+        return
+    d = os.path.join(OUT, name + "-ref")
     os.makedirs(d, exist_ok=True)
     write_safetensors(os.path.join(d, "model.safetensors"), ref)
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -485,6 +501,7 @@ def main():
     convert_deepseek("deepseek_v2", os.path.join(OUT, "deepseek_v2-F32.gguf"), T.F32)
     convert_deepseek("deepseek_v3", os.path.join(OUT, "deepseek_v3-BF16.gguf"), T.BF16)
     quantised()
+    quantised("qwen3moe-kquant", KCFG, KQUANT_EXPERTS, seed=2027, ref_dir=False)
 
 
 if __name__ == "__main__":

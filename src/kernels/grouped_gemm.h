@@ -61,12 +61,17 @@ struct PackedExperts {
   // of each of the 64 packed columns written twice (the k pair of a VNNI element), so
   // byte i of a panel's k-pair row is scaled by entry i: one vector load per 16 values.
   int64_t block_k = 0;
-  // I8 with int4 weights (W4A8, kernels/grouped_gemm_int4.h) when > 0: k values per
-  // weight group (32, 64 or 128). Then data holds nibbles, w_scale the f32 scale and
-  // w_zero (u8) the zero point of each (packed column, group); w_comp is undefined.
+  // I8 with group-coded weights (kernels/grouped_gemm_int4.h) when > 0: k values per
+  // weight group (int4: 32, 64 or 128; 8-bit codes also 16). Then data holds unsigned
+  // codes of code_bits bits (4: nibbles, W4A8; 8: bytes, GGUF's 5-, 6- and 8-bit types),
+  // w_scale the f32 scale of each (packed column, group) and either w_zero (u8 zero
+  // points: w = (u - z) * s) or w_offset (f32: w = u * s - offset, GGUF's Q4_K / Q5_K /
+  // Q4_1 / Q5_1 mins); w_comp is undefined.
   int64_t int4_group = 0;
+  int code_bits = 4;
   bool int4_zero_points = true;  // the quantiser pack_expert uses (asymmetric / symmetric)
-  Tensor w_zero;
+  Tensor w_zero;    // u8 [E, n_panels * n_groups * 64], zero-point form (else undefined)
+  Tensor w_offset;  // f32 [E, n_panels * n_groups * 64], offset form (else undefined)
 
   int64_t n_out() const { return gated ? n / 2 : n; }
   // The dtype of activation rows for these weights: bf16 for FP8 (weight-only), else dtype.

@@ -90,11 +90,14 @@ struct Job {
   int64_t f8_scale_stride = 0;
   int64_t f8_n_kb = 0;
   int64_t f8_kb_pairs = 0;
-  // I8 with int4 weights (grouped_gemm_int4_impl.h): w_scale and q_stride as above but
-  // indexed [panel][group][64]; zero points alike; k octets per group; groups per column.
+  // I8 with group-coded weights (grouped_gemm_int4_impl.h): w_scale and q_stride as above
+  // but indexed [panel][group][64]; zero points or offsets alike (one of the two is set);
+  // k values per group; groups per column; bits per code (4 or 8).
   const uint8_t* i4_zero = nullptr;
-  int64_t i4_group_oct = 0;
+  const float* i4_offset = nullptr;
+  int64_t i4_group = 0;
   int64_t i4_n_groups = 0;
+  int i4_bits = 4;
 };
 
 // One task: rows of `expert` x panels [p0, p1).
@@ -226,5 +229,9 @@ void reference_i4(const GroupedGemmParams& p);
 void run_task_portable_i4(const Job& j, const Task& t);
 void run_task_avx2_i4(const Job& j, const Task& t);
 void run_task_avx512_vnni_i4(const Job& j, const Task& t);  // vpdpbusd, grouped_gemm_int4_avx512.cpp
+// 8-bit codes (code_bits 8): portable in grouped_gemm_int4.cpp, the others beside their int4 runners.
+void run_task_portable_g8(const Job& j, const Task& t);
+void run_task_avx2_g8(const Job& j, const Task& t);
+void run_task_avx512_vnni_g8(const Job& j, const Task& t);
 
 }  // namespace moe::gg

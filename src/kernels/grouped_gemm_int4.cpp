@@ -18,33 +18,56 @@ using gg::kPanel;
 
 bool valid_int4_group(int64_t g) { return g == 32 || g == 64 || g == 128; }
 
-PackedExperts make_packed_experts_int4(int64_t n_experts, int64_t n, int64_t k, bool gated, int64_t group,
-                                       bool zero_points) {
-  MOE_CHECK(valid_int4_group(group), "int4 experts: group size must be 32, 64 or 128, got {}", group);
-  MOE_CHECK(n_experts >= 0 && n > 0 && k > 0, "int4 experts: bad shape E={} n={} k={}", n_experts, n, k);
-  MOE_CHECK(!gated || n % 2 == 0, "int4 experts: gated weights need an even n (gate + up rows), got n={}", n);
+bool valid_coded_format(const CodedFormat& f) {
+  return f.bits == 4 ? valid_int4_group(f.group) : f.bits == 8 && (f.group == 16 || valid_int4_group(f.group));
+}
+
+CodedFormat coded_format(const PackedExperts& p) {
+  MOE_CHECK(p.int4_group > 0, "coded_format: the packed experts are {}, not group-coded", dtype_name(p.dtype));
+  return {p.int4_group, p.code_bits, p.w_offset.defined()};
+}
+
+PackedExperts make_packed_experts_coded(int64_t n_experts, int64_t n, int64_t k, bool gated, const CodedFormat& f) {
+  MOE_CHECK(valid_coded_format(f), "group-coded experts: {}-bit codes take groups of {}, got {}", f.bits,
+            f.bits == 8 ? "16, 32, 64 or 128" : "32, 64 or 128", f.group);
+  MOE_CHECK(n_experts >= 0 && n > 0 && k > 0, "group-coded experts: bad shape E={} n={} k={}", n_experts, n, k);
+  MOE_CHECK(!gated || n % 2 == 0, "group-coded experts: gated weights need an even n (gate + up rows), got n={}", n);
   PackedExperts p;
   p.dtype = DType::I8;
-  p.int4_group = group;
-  p.int4_zero_points = zero_points;
+  p.int4_group = f.group;
+  p.code_bits = f.bits;
   p.n_experts = n_experts;
   p.n = n;
   p.k = k;
   p.gated = gated;
   const int64_t np = gg::n_panels(n, gated);
-  p.expert_stride = np * gg::i4_panel_bytes(k);
-  // Zeroed: padding nibbles, zero points and scales read as 0 (see the layout).
+  p.expert_stride = np * (f.bits == 8 ? gg::g8_panel_bytes(k) : gg::i4_panel_bytes(k));
+  // Zeroed: padding codes, zero points, offsets and scales read as 0 (see the layout).
   p.data = zeroed_huge_pages({n_experts * p.expert_stride}, DType::I8);
-  const int64_t cols = np * int4_n_groups(k, group) * kPanel;
+  const int64_t cols = np * int4_n_groups(k, f.group) * kPanel;
   p.w_scale = Tensor::zeros({n_experts, cols}, DType::F32);
-  p.w_zero = Tensor::zeros({n_experts, cols}, DType::U8);
+  if (f.offsets) {
+    p.w_offset = Tensor::zeros({n_experts, cols}, DType::F32);
+  } else {
+    p.w_zero = Tensor::zeros({n_experts, cols}, DType::U8);
+  }
+  return p;
+}
+
+PackedExperts make_packed_experts_int4(int64_t n_experts, int64_t n, int64_t k, bool gated, int64_t group,
+                                       bool zero_points) {
+  MOE_CHECK(valid_int4_group(group), "int4 experts: group size must be 32, 64 or 128, got {}", group);
+  PackedExperts p = make_packed_experts_coded(n_experts, n, k, gated, {group, 4, false});
+  p.int4_zero_points = zero_points;
   return p;
 }
 
 size_t int4_bytes_per_expert(const PackedExperts& p) {
   MOE_CHECK(p.int4_group > 0, "int4_bytes_per_expert: the packed experts are not int4");
   const int64_t e = std::max<int64_t>(1, p.n_experts);
-  return p.bytes_per_expert() + (p.w_scale.nbytes() + p.w_zero.nbytes()) / e;
+  const size_t side = p.w_scale.nbytes() + (p.w_zero.defined() ? p.w_zero.nbytes() : 0) +
+                      (p.w_offset.defined() ? p.w_offset.nbytes() : 0);
+  return p.bytes_per_expert() + side / e;
 }
 
 namespace {
@@ -86,53 +109,68 @@ namespace gg {
 
 namespace {
 
-// Writes expert e from codes u [n, k], zero points and scales [n, n_groups].
-void pack_q4_rows(PackedExperts& p, int64_t e, const uint8_t* u, const uint8_t* zero, const float* scale) {
-  const int64_t np = n_panels(p.n, p.gated), pb = i4_panel_bytes(p.k), K = p.k;
+// Writes expert e from codes u [n, k], scales and zero points or offsets [n, n_groups]
+// (the one of zero / offset the format does not use is null).
+void pack_coded_rows(PackedExperts& p, int64_t e, const uint8_t* u, const uint8_t* zero, const float* offset,
+                     const float* scale) {
+  const bool g8 = p.code_bits == 8;
+  const int64_t np = n_panels(p.n, p.gated), pb = g8 ? g8_panel_bytes(p.k) : i4_panel_bytes(p.k), K = p.k;
   const int64_t ng = int4_n_groups(K, p.int4_group), cols = np * ng * kPanel;
   float* ws = p.w_scale.data<float>() + e * cols;
-  uint8_t* wz = p.w_zero.data<uint8_t>() + e * cols;
+  uint8_t* wz = zero ? p.w_zero.data<uint8_t>() + e * cols : nullptr;
+  float* wo = offset ? p.w_offset.data<float>() + e * cols : nullptr;
   for (int64_t P = 0; P < np; ++P) {
     uint8_t* dst = static_cast<uint8_t*>(p.data.raw()) + e * p.expert_stride + P * pb;
     for (int j = 0; j < kPanel; ++j) {
       const int64_t row = panel_col_to_row(p, P, j);
       if (row < 0) continue;
-      // Whole bytes: byte i of octet o holds k = 8o + i (low nibble) and 8o + 4 + i (high),
-      // both of this column, so nothing else shares it (k >= K: nibble 0, the padding).
       const uint8_t* ur = u + row * K;
-      for (int64_t o = 0, n_oct = i4_octets(K); o < n_oct; ++o)
-        for (int i = 0; i < 4; ++i) {
-          const int64_t k0 = 8 * o + i, k1 = k0 + 4;
-          const int lo = k0 < K ? ur[k0] & 0x0f : 0, hi = k1 < K ? ur[k1] & 0x0f : 0;
-          dst[i4_byte(k0, j)] = static_cast<uint8_t>(lo | hi << 4);
-        }
+      if (g8) {
+        for (int64_t k = 0; k < K; ++k) dst[g8_byte(k, j)] = ur[k];
+      } else {
+        // Whole bytes: byte i of octet o holds k = 8o + i (low nibble) and 8o + 4 + i (high),
+        // both of this column, so nothing else shares it (k >= K: nibble 0, the padding).
+        for (int64_t o = 0, n_oct = i4_octets(K); o < n_oct; ++o)
+          for (int i = 0; i < 4; ++i) {
+            const int64_t k0 = 8 * o + i, k1 = k0 + 4;
+            const int lo = k0 < K ? ur[k0] & 0x0f : 0, hi = k1 < K ? ur[k1] & 0x0f : 0;
+            dst[i4_byte(k0, j)] = static_cast<uint8_t>(lo | hi << 4);
+          }
+      }
       for (int64_t G = 0; G < ng; ++G) {
-        ws[(P * ng + G) * kPanel + j] = scale[row * ng + G];
-        wz[(P * ng + G) * kPanel + j] = zero[row * ng + G];
+        const int64_t at = (P * ng + G) * kPanel + j;
+        ws[at] = scale[row * ng + G];
+        if (wz) wz[at] = zero[row * ng + G];
+        if (wo) wo[at] = offset[row * ng + G];
       }
     }
   }
 }
 
 void check_int4(const PackedExperts& p, int64_t e, const char* what) {
-  MOE_CHECK(p.int4_group > 0, "{}: the packed experts are {}, not int4", what, dtype_name(p.dtype));
+  MOE_CHECK(p.int4_group > 0, "{}: the packed experts are {}, not group-coded", what, dtype_name(p.dtype));
   MOE_CHECK(0 <= e && e < p.n_experts, "{}: expert {} out of range [0, {})", what, e, p.n_experts);
 }
 
 }  // namespace
 
 void fill_job_i4(const PackedExperts& p, Job& j) {
-  j.panel_stride = i4_panel_bytes(p.k);
+  j.panel_stride = p.code_bits == 8 ? g8_panel_bytes(p.k) : i4_panel_bytes(p.k);
   j.i4_n_groups = int4_n_groups(p.k, p.int4_group);
-  j.i4_group_oct = p.int4_group / 8;
+  j.i4_group = p.int4_group;
+  j.i4_bits = p.code_bits;
   j.q_stride = n_panels(p.n, p.gated) * j.i4_n_groups * kPanel;
   j.w_scale = p.w_scale.data<float>();
   j.w_comp = nullptr;
-  j.i4_zero = p.w_zero.data<uint8_t>();
+  j.i4_zero = p.w_zero.defined() ? p.w_zero.data<uint8_t>() : nullptr;
+  j.i4_offset = p.w_offset.defined() ? p.w_offset.data<float>() : nullptr;
 }
 
 void pack_expert_i4(PackedExperts& p, int64_t e, const Tensor& w) {
   check_int4(p, e, "pack_expert (int4)");
+  MOE_CHECK(p.code_bits == 4 && !p.w_offset.defined(), "pack_expert: these experts hold {}-bit codes{} as GGUF "
+            "stores them; they are packed from their codes (pack_expert_coded), not quantised from floats", p.code_bits,
+            p.w_offset.defined() ? " with offsets" : "");
   Tensor wf = w.to(DType::F32);  // a copy: the smooth vector is folded in below
   float* W = wf.data<float>();
   const int64_t N = p.n, K = p.k, g = p.int4_group, ng = int4_n_groups(K, g);
@@ -149,20 +187,22 @@ void pack_expert_i4(PackedExperts& p, int64_t e, const Tensor& w) {
       scale[n * ng + G] = quantize_weight_group_q4(W + n * K + k0, len, p.int4_zero_points, u.data() + n * K + k0,
                                                    z.data() + n * ng + G);
     }
-  pack_q4_rows(p, e, u.data(), z.data(), scale.data());
+  pack_coded_rows(p, e, u.data(), z.data(), nullptr, scale.data());
 }
 
+// w = (u - z) * s or u * s - offset, as the GEMM's weights (exact for GGUF's types).
 Tensor unpack_expert_i4(const PackedExperts& p, int64_t e) {
-  Tensor u, z, s;
-  unpack_expert_q4(p, e, u, z, s);
+  const CodedWeight w = unpack_expert_coded(p, e);
   const int64_t K = p.k, ng = int4_n_groups(K, p.int4_group);
+  const uint8_t* U = w.u.data<uint8_t>();
+  const float* S = w.scale.data<float>();
   Tensor out = Tensor::empty({p.n, K}, DType::F32);
   for (int64_t n = 0; n < p.n; ++n)
     for (int64_t k = 0; k < K; ++k) {
-      const int64_t G = k / p.int4_group;
+      const int64_t g = n * ng + k / p.int4_group;
       out.data<float>()[n * K + k] =
-          static_cast<float>(int(u.data<uint8_t>()[n * K + k]) - int(z.data<uint8_t>()[n * ng + G])) *
-          s.data<float>()[n * ng + G];
+          w.offset.defined() ? static_cast<float>(U[n * K + k]) * S[g] - w.offset.data<float>()[g]
+                             : static_cast<float>(int(U[n * K + k]) - int(w.zero.data<uint8_t>()[g])) * S[g];
     }
   return out;
 }
@@ -174,11 +214,11 @@ void reference_i4(const GroupedGemmParams& p) {
   for (int64_t e = 0; e < w.n_experts; ++e) {
     const int64_t r0 = p.offsets[e], r1 = p.offsets[e + 1];
     if (r0 == r1) continue;
-    Tensor u, z, s;
-    unpack_expert_q4(w, e, u, z, s);
-    const uint8_t* U = u.data<uint8_t>();
-    const uint8_t* Z = z.data<uint8_t>();
-    const float* S = s.data<float>();
+    const CodedWeight cw = unpack_expert_coded(w, e);
+    const uint8_t* U = cw.u.data<uint8_t>();
+    const uint8_t* Z = cw.zero.defined() ? cw.zero.data<uint8_t>() : nullptr;
+    const float* O = cw.offset.defined() ? cw.offset.data<float>() : nullptr;
+    const float* S = cw.scale.data<float>();
     for (int64_t r = r0; r < r1; ++r) {
       const char* arow = static_cast<const char*>(p.a) + r * p.lda;
       const auto* qa = reinterpret_cast<const int8_t*>(arow);
@@ -186,11 +226,12 @@ void reference_i4(const GroupedGemmParams& p) {
       for (int64_t n = 0; n < N; ++n) {
         float f = 0.0f;
         for (int64_t G = 0; G < ng; ++G) {
-          int64_t isum = 0;
-          for (int64_t k = G * g; k < std::min(K, (G + 1) * g); ++k)
-            isum += int64_t(qa[k]) * (int64_t(U[n * K + k]) - int64_t(Z[n * ng + G]));
-          const float prod = static_cast<float>(static_cast<int32_t>(isum)) * S[n * ng + G];
-          f = f + prod;
+          int64_t dot = 0, sa = 0;
+          for (int64_t k = G * g; k < std::min(K, (G + 1) * g); ++k) {
+            dot += int64_t(qa[k]) * int64_t(U[n * K + k]);
+            sa += qa[k];
+          }
+          f = i4_flush(f, static_cast<int32_t>(dot), static_cast<int32_t>(sa), S[n * ng + G], Z, O, n * ng + G);
         }
         acc[n] = f * as;
       }
@@ -202,43 +243,48 @@ void reference_i4(const GroupedGemmParams& p) {
 }
 
 // Portable: per group, exact int32 dot products of the activations with the unsigned
-// codes, minus z * (sum of the group's activations): the integer sum q_a * (u - z).
-void run_task_portable_i4(const Job& j, const Task& t) {
+// codes and the group sums of the activations, then i4_flush. kBits: 4 (nibbles in
+// octets) or 8 (bytes in quads).
+template <int kBits>
+void run_task_portable_coded(const Job& j, const Task& t) {
   const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0;
-  const int64_t per = j.gated ? kGateCols : kPanel, K = j.k, ng = j.i4_n_groups, n_oct = i4_octets(K);
+  const int64_t per = j.gated ? kGateCols : kPanel, K = j.k, ng = j.i4_n_groups, g = j.i4_group;
   std::vector<int32_t> sa(kI4MaxRows * ng);
   for (int64_t rb = 0; rb < rows; rb += kI4MaxRows) {
     const int mr = static_cast<int>(std::min<int64_t>(kI4MaxRows, rows - rb));
     const int8_t* a[kI4MaxRows];
     for (int r = 0; r < mr; ++r) {
       a[r] = reinterpret_cast<const int8_t*>(j.a + (r0 + rb + r) * j.lda_bytes);
-      i4_group_sums(a[r], K, j.i4_group_oct * 8, ng, sa.data() + r * ng);
+      i4_group_sums(a[r], K, g, ng, sa.data() + r * ng);
     }
     for (int64_t P = t.p0; P < t.p1; ++P) {
       const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
-      const float* ws = j.w_scale + t.expert * j.q_stride + P * ng * kPanel;
-      const uint8_t* wz = j.i4_zero + t.expert * j.q_stride + P * ng * kPanel;
+      const int64_t q0 = t.expert * j.q_stride + P * ng * kPanel;
+      const float* ws = j.w_scale + q0;
+      const uint8_t* wz = j.i4_zero ? j.i4_zero + q0 : nullptr;
+      const float* wo = j.i4_offset ? j.i4_offset + q0 : nullptr;
       float acc[kI4MaxRows][kPanel] = {};
       for (int64_t G = 0; G < ng; ++G) {
         int32_t dot[kI4MaxRows][kPanel] = {};
-        const int64_t o1 = std::min(n_oct, (G + 1) * j.i4_group_oct);
-        for (int64_t o = G * j.i4_group_oct; o < o1; ++o) {
+        // Blocks of the group: octets of 8 k (4-bit) or quads of 4 k (8-bit).
+        constexpr int64_t kStep = kBits == 4 ? 8 : 4;
+        const int64_t b1 = std::min((K + kStep - 1) / kStep, (G + 1) * g / kStep);
+        for (int64_t o = G * g / kStep; o < b1; ++o) {
           const uint8_t* b = panel + o * kI4OctetBytes;
           for (int r = 0; r < mr; ++r) {
-            const int8_t* ar = a[r] + 8 * o;  // bytes past K meet zero nibbles
+            const int8_t* ar = a[r] + kStep * o;  // bytes past K meet zero codes
             for (int c = 0; c < kPanel; ++c) {
               int32_t s = 0;
-              for (int i = 0; i < 4; ++i) s += ar[i] * (b[4 * c + i] & 0x0f) + ar[4 + i] * (b[4 * c + i] >> 4);
+              for (int i = 0; i < 4; ++i)
+                s += kBits == 4 ? ar[i] * (b[4 * c + i] & 0x0f) + ar[4 + i] * (b[4 * c + i] >> 4)
+                                : ar[i] * b[4 * c + i];
               dot[r][c] += s;
             }
           }
         }
         for (int r = 0; r < mr; ++r)
-          for (int c = 0; c < kPanel; ++c) {
-            const int32_t isum = dot[r][c] - int32_t(wz[G * kPanel + c]) * sa[r * ng + G];
-            const float prod = static_cast<float>(isum) * ws[G * kPanel + c];
-            acc[r][c] = acc[r][c] + prod;
-          }
+          for (int c = 0; c < kPanel; ++c)
+            acc[r][c] = i4_flush(acc[r][c], dot[r][c], sa[r * ng + G], ws[G * kPanel + c], wz, wo, G * kPanel + c);
       }
       for (int r = 0; r < mr; ++r) {
         float as;
@@ -249,10 +295,15 @@ void run_task_portable_i4(const Job& j, const Task& t) {
   }
 }
 
+void run_task_portable_i4(const Job& j, const Task& t) { run_task_portable_coded<4>(j, t); }
+void run_task_portable_g8(const Job& j, const Task& t) { run_task_portable_coded<8>(j, t); }
+
 }  // namespace gg
 
 void pack_expert_q4(PackedExperts& p, int64_t e, const Tensor& u, const Tensor& zero, const Tensor& scale) {
   gg::check_int4(p, e, "pack_expert_q4");
+  MOE_CHECK(p.code_bits == 4 && p.w_zero.defined(), "pack_expert_q4: the packed experts hold {}-bit codes{} (use "
+            "pack_expert_coded)", p.code_bits, p.w_offset.defined() ? " with offsets" : "");
   const int64_t ng = int4_n_groups(p.k, p.int4_group);
   MOE_CHECK(u.dtype() == DType::U8 && u.ndim() == 2 && u.dim(0) == p.n && u.dim(1) == p.k,
             "pack_expert_q4: expected u8 codes [{}, {}], got {}", p.n, p.k, u.describe());
@@ -276,7 +327,7 @@ void pack_expert_q4(PackedExperts& p, int64_t e, const Tensor& u, const Tensor& 
   for (int64_t i = 0, n = sc.numel(); i < n; ++i)
     MOE_CHECK(std::isfinite(sp[i]) && sp[i] >= 0.0f, "pack_expert_q4: scale {} of expert {} is {} (must be finite and "
               ">= 0)", i, e, sp[i]);
-  gg::pack_q4_rows(p, e, up, zp, sp);
+  gg::pack_coded_rows(p, e, up, zp, nullptr, sp);
 }
 
 void pack_gated_expert_q4(PackedExperts& w13, PackedExperts& w2, int64_t e, const Q4Weight& gate, const Q4Weight& up,
@@ -292,25 +343,80 @@ void pack_gated_expert_q4(PackedExperts& w13, PackedExperts& w2, int64_t e, cons
 }
 
 void unpack_expert_q4(const PackedExperts& p, int64_t e, Tensor& u, Tensor& zero, Tensor& scale) {
-  gg::check_int4(p, e, "unpack_expert_q4");
-  const int64_t np = gg::n_panels(p.n, p.gated), pb = gg::i4_panel_bytes(p.k), K = p.k;
+  MOE_CHECK(p.int4_group <= 0 || p.w_zero.defined(), "unpack_expert_q4: the packed experts have offsets, not zero "
+            "points (use unpack_expert_coded)");
+  CodedWeight w = unpack_expert_coded(p, e);
+  u = std::move(w.u);
+  zero = std::move(w.zero);
+  scale = std::move(w.scale);
+}
+
+void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w) {
+  gg::check_int4(p, e, "pack_expert_coded");
+  const int64_t ng = int4_n_groups(p.k, p.int4_group);
+  const bool off = p.w_offset.defined();
+  auto check = [&](const Tensor& t, DType dt, int64_t cols, const char* what) {
+    MOE_CHECK(t.defined() && t.dtype() == dt && t.ndim() == 2 && t.dim(0) == p.n && t.dim(1) == cols,
+              "pack_expert_coded: expected {} {} [{}, {}], got {}", what, dtype_name(dt), p.n, cols,
+              t.defined() ? t.describe() : std::string("none"));
+  };
+  check(w.u, DType::U8, p.k, "codes");
+  check(w.scale, DType::F32, ng, "scales");
+  check(off ? w.offset : w.zero, off ? DType::F32 : DType::U8, ng, off ? "offsets" : "zero points");
+  auto dense = [](const Tensor& t) { return t.is_contiguous() ? t : t.clone(); };
+  const Tensor uc = dense(w.u), sc = dense(w.scale), side = dense(off ? w.offset : w.zero);
+  const int limit = 1 << p.code_bits;
+  const uint8_t* up = uc.data<uint8_t>();
+  for (int64_t i = 0, n = uc.numel(); i < n; ++i)
+    MOE_CHECK(up[i] < limit, "pack_expert_coded: code {} of expert {} is {} (must be in [0, {}))", i, e, int(up[i]),
+              limit);
+  const float* sp = sc.data<float>();
+  for (int64_t i = 0, n = sc.numel(); i < n; ++i)
+    MOE_CHECK(std::isfinite(sp[i]), "pack_expert_coded: scale {} of expert {} is {} (must be finite)", i, e, sp[i]);
+  if (off) {
+    const float* op = side.data<float>();
+    for (int64_t i = 0, n = side.numel(); i < n; ++i)
+      MOE_CHECK(std::isfinite(op[i]), "pack_expert_coded: offset {} of expert {} is {} (must be finite)", i, e, op[i]);
+    gg::pack_coded_rows(p, e, up, nullptr, op, sp);
+  } else {
+    const uint8_t* zp = side.data<uint8_t>();
+    for (int64_t i = 0, n = side.numel(); i < n; ++i)
+      MOE_CHECK(zp[i] < limit, "pack_expert_coded: zero point {} of expert {} is {} (must be in [0, {}))", i, e,
+                int(zp[i]), limit);
+    gg::pack_coded_rows(p, e, up, zp, nullptr, sp);
+  }
+}
+
+CodedWeight unpack_expert_coded(const PackedExperts& p, int64_t e) {
+  gg::check_int4(p, e, "unpack_expert_coded");
+  const bool g8 = p.code_bits == 8;
+  const int64_t np = gg::n_panels(p.n, p.gated), pb = g8 ? gg::g8_panel_bytes(p.k) : gg::i4_panel_bytes(p.k), K = p.k;
   const int64_t ng = int4_n_groups(K, p.int4_group), cols = np * ng * kPanel;
-  u = Tensor::zeros({p.n, K}, DType::U8);
-  zero = Tensor::zeros({p.n, ng}, DType::U8);
-  scale = Tensor::zeros({p.n, ng}, DType::F32);
+  CodedWeight w;
+  w.u = Tensor::zeros({p.n, K}, DType::U8);
+  w.scale = Tensor::zeros({p.n, ng}, DType::F32);
+  if (p.w_offset.defined()) {
+    w.offset = Tensor::zeros({p.n, ng}, DType::F32);
+  } else {
+    w.zero = Tensor::zeros({p.n, ng}, DType::U8);
+  }
   for (int64_t P = 0; P < np; ++P) {
     const uint8_t* src = static_cast<const uint8_t*>(p.data.raw()) + e * p.expert_stride + P * pb;
     for (int j = 0; j < kPanel; ++j) {
       const int64_t row = gg::panel_col_to_row(p, P, j);
       if (row < 0) continue;
+      uint8_t* ur = w.u.data<uint8_t>() + row * K;
       for (int64_t k = 0; k < K; ++k)
-        u.data<uint8_t>()[row * K + k] = static_cast<uint8_t>((src[gg::i4_byte(k, j)] >> gg::i4_shift(k)) & 0x0f);
+        ur[k] = g8 ? src[gg::g8_byte(k, j)] : static_cast<uint8_t>((src[gg::i4_byte(k, j)] >> gg::i4_shift(k)) & 0x0f);
       for (int64_t G = 0; G < ng; ++G) {
-        scale.data<float>()[row * ng + G] = p.w_scale.data<float>()[e * cols + (P * ng + G) * kPanel + j];
-        zero.data<uint8_t>()[row * ng + G] = p.w_zero.data<uint8_t>()[e * cols + (P * ng + G) * kPanel + j];
+        const int64_t at = e * cols + (P * ng + G) * kPanel + j;
+        w.scale.data<float>()[row * ng + G] = p.w_scale.data<float>()[at];
+        if (w.offset.defined()) w.offset.data<float>()[row * ng + G] = p.w_offset.data<float>()[at];
+        if (w.zero.defined()) w.zero.data<uint8_t>()[row * ng + G] = p.w_zero.data<uint8_t>()[at];
       }
     }
   }
+  return w;
 }
 
 }  // namespace moe

@@ -59,7 +59,35 @@ void pack_gated_expert_q4(PackedExperts& w13, PackedExperts& w2, int64_t e, cons
 // Expert e's unsigned codes U8 [n, k], zero points U8 [n, n_groups], scales f32 [n, n_groups].
 void unpack_expert_q4(const PackedExperts& p, int64_t e, Tensor& u, Tensor& zero, Tensor& scale);
 
-// Bytes the GEMM reads per expert (nibbles + scales + zero points), for bandwidth figures.
+// Bytes the GEMM reads per expert (codes + scales + zero points or offsets), for
+// bandwidth figures.
 size_t int4_bytes_per_expert(const PackedExperts& p);
+
+// ---- Group-coded weights in general: the formats GGUF's integer types load into --------
+// (loader/gguf/gguf_experts.h). Per group of `group` k values and output column:
+//   zero-point form:  w = (u - z) * s        (u, z in [0, 2^bits); s f32, any finite sign)
+//   offset form:      w = u * s - offset     (s, offset f32, finite)
+// with the GEMM's group steps of grouped_gemm_int4_impl.h. bits 4 is the int4 layout
+// above (groups 32, 64, 128); bits 8 holds one code per byte (groups 16, 32, 64, 128),
+// for codes of 5 to 8 bits. Activations are the same int8 Q8 rows as W4A8's.
+struct CodedFormat {
+  int64_t group = 32;
+  int bits = 4;          // 4 or 8
+  bool offsets = false;  // offset form (else zero points)
+};
+bool valid_coded_format(const CodedFormat& f);
+CodedFormat coded_format(const PackedExperts& p);  // p must be group-coded (int4_group > 0)
+PackedExperts make_packed_experts_coded(int64_t n_experts, int64_t n, int64_t k, bool gated, const CodedFormat& f);
+
+// One weight [n, k] in plain form: u U8 [n, k]; scale F32 [n, n_groups]; zero U8
+// [n, n_groups] (zero-point form) or offset F32 [n, n_groups] (offset form), the other
+// undefined.
+struct CodedWeight {
+  Tensor u, scale, zero, offset;
+};
+// Packs expert e of p (make_packed_experts_coded) from w, checking every code, zero
+// point, scale and offset (errors name the expert and the index).
+void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w);
+CodedWeight unpack_expert_coded(const PackedExperts& p, int64_t e);
 
 }  // namespace moe

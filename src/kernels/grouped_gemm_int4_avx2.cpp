@@ -56,9 +56,9 @@ static void epilogue_row(const Job& j, float* acc, float a_scale, char* crow, in
 
 // acc[r][0..64) += the groups' dequantised sums for rows a[0..MR) x one panel.
 template <int MR, bool kPrefetch>
-static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const int8_t* const* a,
-                 const int32_t* sa, float (*acc)[kPanel]) {
-  const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group_oct;
+static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                        const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
+  const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group / 8;
   const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   for (int64_t G = 0; G < ng; ++G) {
     const int64_t o0 = G * go, o1 = std::min(n_oct, o0 + go);
@@ -92,21 +92,88 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
         }
         for (int r = 0; r < MR; ++r) a32[r] = _mm256_add_epi32(a32[r], _mm256_madd_epi16(a16[r], ones));
       }
-      const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wz + G * kPanel + cb * 8)));
-      const __m256 s = _mm256_loadu_ps(ws + G * kPanel + cb * 8);
-      for (int r = 0; r < MR; ++r) {
-        const __m256i isum = _mm256_sub_epi32(a32[r], _mm256_mullo_epi32(z, _mm256_set1_epi32(sa[r * ng + G])));
-        float* dst = acc[r] + cb * 8;
-        _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), _mm256_mul_ps(_mm256_cvtepi32_ps(isum), s)));
-      }
+      flush<MR>(a32, G * kPanel + cb * 8, ws, wz, wo, sa + G, ng, acc, cb * 8);
     }
+  }
+}
+
+// acc[r][c0..c0+8) += the group's dequantised sums of dot[r] (8 columns), in the order of
+// grouped_gemm_int4_impl.h: zero points (float)(dot - z * sa) * s, or offsets
+// (float)dot * s - (float)sa * offset. at: the group's entry of these 8 columns in
+// ws / wz / wo; sa[r * ng]: row r's activation sum of the group.
+template <int MR>
+static void flush(const __m256i* dot, int64_t at, const float* ws, const uint8_t* wz, const float* wo,
+                  const int32_t* sa, int64_t ng, float (*acc)[kPanel], int c0) {
+  const __m256 s = _mm256_loadu_ps(ws + at);
+  if (wo) {
+    const __m256 f = _mm256_loadu_ps(wo + at);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]), s);
+      const __m256 q = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(sa[r * ng])), f);
+      float* dst = acc[r] + c0;
+      _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), _mm256_sub_ps(p, q)));
+    }
+    return;
+  }
+  const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wz + at)));
+  for (int r = 0; r < MR; ++r) {
+    const __m256i isum = _mm256_sub_epi32(dot[r], _mm256_mullo_epi32(z, _mm256_set1_epi32(sa[r * ng])));
+    float* dst = acc[r] + c0;
+    _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), _mm256_mul_ps(_mm256_cvtepi32_ps(isum), s)));
   }
 }
 
 };
 
+// 8-bit codes (the quad layout of grouped_gemm_int4_impl.h). vpmaddubsw would saturate
+// (a code pair times activations reaches 2 * 255 * 127 > 32767), so the codes are widened
+// to int16 (vpmovzxbw) and multiplied with the row's 4 activations, widened and
+// broadcast, by vpmaddwd: exact int32 pair sums, two per column per quad, kept apart
+// (columns 0-3 and 4-7 of the ymm) until the group's end, where vphaddd adds each
+// column's two and vpermq puts the 8 columns in order.
+struct Avx2G8 : Avx2 {
+  template <int MR, bool kPrefetch>
+  static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                          const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
+    const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
+    for (int64_t G = 0; G < ng; ++G) {
+      const int64_t q0 = G * gq, q1 = std::min(n_q, q0 + gq);
+      for (int cb = 0; cb < kPanel / 8; ++cb) {
+        __m256i lo[MR], hi[MR];
+        for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+        for (int64_t o = q0; o < q1; ++o) {
+          const uint8_t* bp = panel + o * kI4OctetBytes;
+          if constexpr (kPrefetch) {
+            if (cb == 0) {
+              const char* pf = reinterpret_cast<const char*>(bp) + kPrefetchBytes;
+              _mm_prefetch(pf, _MM_HINT_T1);
+              _mm_prefetch(pf + 64, _MM_HINT_T1);
+              _mm_prefetch(pf + 128, _MM_HINT_T1);
+              _mm_prefetch(pf + 192, _MM_HINT_T1);
+            }
+          }
+          const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(bp + cb * 32));
+          const __m256i wl = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
+          const __m256i wh = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
+          for (int r = 0; r < MR; ++r) {
+            int32_t q;
+            std::memcpy(&q, a[r] + 4 * o, 4);
+            const __m256i av = _mm256_broadcastq_epi64(_mm_cvtepi8_epi16(_mm_cvtsi32_si128(q)));
+            lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(wl, av));
+            hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(wh, av));
+          }
+        }
+        __m256i dot[MR];
+        for (int r = 0; r < MR; ++r) dot[r] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[r], hi[r]), 0xd8);
+        flush<MR>(dot, G * kPanel + cb * 8, ws, wz, wo, sa + G, ng, acc, cb * 8);
+      }
+    }
+  }
+};
+
 }  // namespace
 
 void run_task_avx2_i4(const Job& j, const Task& t) { i4_run_task<Avx2>(j, t); }
+void run_task_avx2_g8(const Job& j, const Task& t) { i4_run_task<Avx2G8>(j, t); }
 
 }  // namespace moe::gg

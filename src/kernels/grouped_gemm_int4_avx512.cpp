@@ -59,6 +59,15 @@ inline int32_t load_i32(const int8_t* p) {
     c##R##2 = _mm512_dpbusd_epi32(c##R##2, w2, av);                                                              \
     c##R##3 = _mm512_dpbusd_epi32(c##R##3, w3, av);                                                              \
   }
+// The 8-bit layout's quad o of every row: its 4 activation bytes a[R][4o..4o+3] broadcast.
+#define MOE_G8_ROW(R)                                                                                            \
+  if constexpr (MR > R) {                                                                                        \
+    const __m512i av = _mm512_set1_epi32(load_i32(a[R] + 4 * o));                                                \
+    c##R##0 = _mm512_dpbusd_epi32(c##R##0, w0, av);                                                              \
+    c##R##1 = _mm512_dpbusd_epi32(c##R##1, w1, av);                                                              \
+    c##R##2 = _mm512_dpbusd_epi32(c##R##2, w2, av);                                                              \
+    c##R##3 = _mm512_dpbusd_epi32(c##R##3, w3, av);                                                              \
+  }
 // acc[R] (f32, 64 columns) += (float)(c - z * sum(a over the group)) * scale, then c = 0.
 // z * sum(a) by vpmaddwd (one uop; vpmulld is two): z in the low int16 of each lane, the
 // sum in the low int16 of the broadcast, zeros above, so each lane is z * sum + 0 * 0.
@@ -73,6 +82,34 @@ inline int32_t load_i32(const int8_t* p) {
 #define MOE_I4_FLUSH(R)                                                                                          \
   if constexpr (MR > R) {                                                                                        \
     MOE_I4_FLUSH_Q(R, 0) MOE_I4_FLUSH_Q(R, 1) MOE_I4_FLUSH_Q(R, 2) MOE_I4_FLUSH_Q(R, 3)                          \
+  }
+// The offset form: acc[R] += (float)c * scale - (float)sum(a) * offset, then c = 0.
+#define MOE_I4_FLUSH_OFF_Q(R, Q)                                                                                 \
+  {                                                                                                              \
+    const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(c##R##Q), s##Q);                                          \
+    const __m512 q = _mm512_mul_ps(_mm512_set1_ps(static_cast<float>(sa[R * ng + G])), f##Q);                   \
+    float* dst = acc[R] + 16 * (Q);                                                                              \
+    _mm512_store_ps(dst, _mm512_add_ps(_mm512_load_ps(dst), _mm512_sub_ps(p, q)));                               \
+    c##R##Q = _mm512_setzero_si512();                                                                            \
+  }
+#define MOE_I4_FLUSH_OFF(R)                                                                                      \
+  if constexpr (MR > R) {                                                                                        \
+    MOE_I4_FLUSH_OFF_Q(R, 0) MOE_I4_FLUSH_OFF_Q(R, 1) MOE_I4_FLUSH_OFF_Q(R, 2) MOE_I4_FLUSH_OFF_Q(R, 3)          \
+  }
+// Both forms, at the end of group G (the scales s0..s3 loaded; wz or wo set).
+#define MOE_I4_FLUSH_GROUP                                                                                       \
+  if (wo) {                                                                                                      \
+    const float* og = wo + G * kPanel;                                                                           \
+    const __m512 f0 = _mm512_loadu_ps(og), f1 = _mm512_loadu_ps(og + 16), f2 = _mm512_loadu_ps(og + 32),         \
+                 f3 = _mm512_loadu_ps(og + 48);                                                                  \
+    MOE_I4_FLUSH_OFF(0) MOE_I4_FLUSH_OFF(1) MOE_I4_FLUSH_OFF(2) MOE_I4_FLUSH_OFF(3)                              \
+  } else {                                                                                                       \
+    const uint8_t* zg = wz + G * kPanel;                                                                         \
+    const __m512i z0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg)));              \
+    const __m512i z1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg + 16)));         \
+    const __m512i z2 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg + 32)));         \
+    const __m512i z3 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg + 48)));         \
+    MOE_I4_FLUSH(0) MOE_I4_FLUSH(1) MOE_I4_FLUSH(2) MOE_I4_FLUSH(3)                                              \
   }
 
 struct Avx512Vnni {
@@ -100,9 +137,9 @@ static void epilogue_row(const Job& j, float* acc, float a_scale, char* crow, in
 
 // acc[r][0..64) = the panel's dequantised sums for rows a[0..MR) (acc zeroed by the caller).
 template <int MR, bool kPrefetch>
-static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const int8_t* const* a,
-                 const int32_t* sa, float (*acc)[kPanel]) {
-  const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group_oct;
+static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                        const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
+  const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group / 8;
   const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
   __m512i c00 = zero, c01 = zero, c02 = zero, c03 = zero, c10 = zero, c11 = zero, c12 = zero, c13 = zero;
   __m512i c20 = zero, c21 = zero, c22 = zero, c23 = zero, c30 = zero, c31 = zero, c32 = zero, c33 = zero;
@@ -126,26 +163,61 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
         MOE_I4_ROW(0, 4) MOE_I4_ROW(1, 4) MOE_I4_ROW(2, 4) MOE_I4_ROW(3, 4)
       }
     }
-    const uint8_t* zg = wz + G * kPanel;
     const float* sg = ws + G * kPanel;
-    const __m512i z0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg)));
-    const __m512i z1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg + 16)));
-    const __m512i z2 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg + 32)));
-    const __m512i z3 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zg + 48)));
     const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16), s2 = _mm512_loadu_ps(sg + 32),
                  s3 = _mm512_loadu_ps(sg + 48);
-    MOE_I4_FLUSH(0) MOE_I4_FLUSH(1) MOE_I4_FLUSH(2) MOE_I4_FLUSH(3)
+    MOE_I4_FLUSH_GROUP
   }
 }
-#undef MOE_I4_DECODE
-#undef MOE_I4_ROW
-#undef MOE_I4_FLUSH_Q
-#undef MOE_I4_FLUSH
 
 };
+
+// 8-bit codes (grouped_gemm_int4_impl.h's quad layout): one 64-byte load is 16 columns x
+// one k quad, already the [column][4 k] order vpdpbusd reduces, so there is no decode.
+// |dot| per group of at most 128 k: 128 * 255 * 128 = 4177920 < 2^24, and |z * sum(a)|
+// the same, so the int32 difference and its float are exact as in the 4-bit runner.
+struct Avx512VnniG8 : Avx512Vnni {
+  template <int MR, bool kPrefetch>
+  static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                          const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
+    const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i c00 = zero, c01 = zero, c02 = zero, c03 = zero, c10 = zero, c11 = zero, c12 = zero, c13 = zero;
+    __m512i c20 = zero, c21 = zero, c22 = zero, c23 = zero, c30 = zero, c31 = zero, c32 = zero, c33 = zero;
+    for (int64_t G = 0; G < ng; ++G) {
+      const int64_t q1 = std::min(n_q, (G + 1) * gq);
+      for (int64_t o = G * gq; o < q1; ++o) {
+        const uint8_t* bp = panel + o * kI4OctetBytes;
+        if constexpr (kPrefetch) {
+          const char* pf = reinterpret_cast<const char*>(bp) + kPrefetchBytes;
+          _mm_prefetch(pf, _MM_HINT_T1);
+          _mm_prefetch(pf + 64, _MM_HINT_T1);
+          _mm_prefetch(pf + 128, _MM_HINT_T1);
+          _mm_prefetch(pf + 192, _MM_HINT_T1);
+        }
+        const __m512i w0 = _mm512_load_si512(bp), w1 = _mm512_load_si512(bp + 64), w2 = _mm512_load_si512(bp + 128),
+                      w3 = _mm512_load_si512(bp + 192);
+        MOE_G8_ROW(0) MOE_G8_ROW(1) MOE_G8_ROW(2) MOE_G8_ROW(3)
+      }
+      const float* sg = ws + G * kPanel;
+      const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16), s2 = _mm512_loadu_ps(sg + 32),
+                   s3 = _mm512_loadu_ps(sg + 48);
+      MOE_I4_FLUSH_GROUP
+    }
+  }
+};
+#undef MOE_I4_DECODE
+#undef MOE_I4_ROW
+#undef MOE_G8_ROW
+#undef MOE_I4_FLUSH_Q
+#undef MOE_I4_FLUSH
+#undef MOE_I4_FLUSH_OFF_Q
+#undef MOE_I4_FLUSH_OFF
+#undef MOE_I4_FLUSH_GROUP
 
 }  // namespace
 
 void run_task_avx512_vnni_i4(const Job& j, const Task& t) { i4_run_task<Avx512Vnni>(j, t); }
+void run_task_avx512_vnni_g8(const Job& j, const Task& t) { i4_run_task<Avx512VnniG8>(j, t); }
 
 }  // namespace moe::gg

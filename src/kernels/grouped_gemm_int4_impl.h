@@ -9,8 +9,17 @@
 // `srli 4; and 0x0f` the quad 8o+4..8o+7, each in the [8 columns][4 k] order
 // vpmaddubsw + vpmaddwd reduce to one int32 per column. Padding (k >= K, columns past n)
 // is nibble 0 with zero point 0 and scale 0.
-// Scales (f32) and zero points (u8): PackedExperts::w_scale / w_zero, entry
-// e * q_stride + (P * n_groups + G) * 64 + c: a group's 64 column values are contiguous.
+// 8-bit codes (code_bits 8, GGUF's 5-, 6- and 8-bit types): a panel is [ceil(K/4) quads]
+// [64 columns][4 bytes], byte i of column c in quad o holding u[c, 4o + i], the order
+// vpdpbusd reduces (16 columns x 4 k per 64-byte load); padding is code 0.
+// Scales (f32), zero points (u8) or offsets (f32): PackedExperts::w_scale / w_zero /
+// w_offset, entry e * q_stride + (P * n_groups + G) * 64 + c: a group's 64 column values
+// are contiguous. Per group and column the runners add, in this order,
+//   zero points:  acc = acc + (float)(dot - z * sa) * s               (int32 exact)
+//   offsets:      acc = acc + ((float)dot * s - (float)sa * offset)
+// with dot = sum over the group of q_a * u and sa = sum of q_a (both exact int32 below
+// 2^24, so exact as floats): two products and a difference, no FMA (the project builds
+// with -ffp-contract=off), the same on every ISA.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +41,20 @@ inline int64_t i4_panel_bytes(int64_t k) { return i4_octets(k) * kI4OctetBytes; 
 // Byte and shift of u[c, k] inside a panel.
 inline int64_t i4_byte(int64_t k, int c) { return (k / 8) * kI4OctetBytes + c * 4 + (k & 3); }
 inline int i4_shift(int64_t k) { return (k & 4) ? 4 : 0; }
+
+// The 8-bit code layout: quads of k, 256 bytes each.
+inline int64_t g8_quads(int64_t k) { return (k + 3) / 4; }
+inline int64_t g8_panel_bytes(int64_t k) { return g8_quads(k) * kI4OctetBytes; }
+inline int64_t g8_byte(int64_t k, int c) { return (k / 4) * kI4OctetBytes + c * 4 + (k & 3); }
+
+// One group's flush for one row and column (the order in the layout comment above).
+inline float i4_flush(float acc, int32_t dot, int32_t sa, float s, const uint8_t* z, const float* off, int64_t i) {
+  if (off) {
+    const float p = static_cast<float>(dot) * s, q = static_cast<float>(sa) * off[i];
+    return acc + (p - q);
+  }
+  return acc + static_cast<float>(dot - int32_t(z[i]) * sa) * s;
+}
 
 // sa[G] = sum of the row's int8 activations over group G (k < K only: the bytes past K
 // are the row's zero pad and f32 scale, which meet zero nibbles in the dot product but
@@ -55,8 +78,9 @@ inline void i4_epilogue_row(const Job& j, const float* acc, float a_scale, char*
 
 // The task driver the ISA runners share. K supplies kMaxRows and
 //   template <int MR, bool kPrefetch> static void panel_block(const Job&, const uint8_t* panel,
-//       const float* ws, const uint8_t* wz, const int8_t* const* a, const int32_t* sa,
-//       float (*acc)[kPanel]);
+//       const float* ws, const uint8_t* wz, const float* wo, const int8_t* const* a,
+//       const int32_t* sa, float (*acc)[kPanel]);
+// (wz the zero points or wo the offsets of the panel's groups: the other is null)
 // which adds one panel's dequantised group sums for rows a[0..MR) into acc, and two
 // vector forms of the scalar helpers, same results:
 //   static void group_sums(...)    i4_group_sums' signature (prefill tasks are one panel
@@ -75,9 +99,11 @@ void i4_rows_block(const Job& j, const Task& t, int64_t row0, const int8_t* cons
   for (int64_t P = t.p0; P < t.p1; ++P) {
     const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
     const float* ws = j.w_scale + t.expert * j.q_stride + P * ng * kPanel;
-    const uint8_t* wz = j.i4_zero + t.expert * j.q_stride + P * ng * kPanel;
+    const int64_t q0 = t.expert * j.q_stride + P * ng * kPanel;
+    const uint8_t* wz = j.i4_zero ? j.i4_zero + q0 : nullptr;
+    const float* wo = j.i4_offset ? j.i4_offset + q0 : nullptr;
     alignas(64) float acc[MR][kPanel] = {};
-    K::template panel_block<MR, kPrefetch>(j, panel, ws, wz, a, sa, acc);
+    K::template panel_block<MR, kPrefetch>(j, panel, ws, wz, wo, a, sa, acc);
     for (int r = 0; r < MR; ++r) {
       float as;
       std::memcpy(&as, reinterpret_cast<const char*>(a[r]) + j.a_scale_off, 4);
@@ -109,7 +135,7 @@ void i4_run_task(const Job& j, const Task& t) {
     const int8_t* a[K::kMaxRows];
     for (int r = 0; r < mr; ++r) {
       a[r] = reinterpret_cast<const int8_t*>(j.a + (r0 + rb + r) * j.lda_bytes);
-      K::group_sums(a[r], j.k, j.i4_group_oct * 8, ng, sa.data() + r * ng);
+      K::group_sums(a[r], j.k, j.i4_group, ng, sa.data() + r * ng);
     }
     if (decode) {
       i4_run_rows<K, true>(mr, j, t, r0 + rb, a, sa.data());

@@ -121,21 +121,34 @@ std::vector<RankPlan> read_plan(const Checkpoint& ck, const MoeConfig& cfg, cons
     opt.mlp_tp_size = attn_tp;
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
       bool fp8 = false;  // FP8 experts computed in bf16 stay e4m3: 1 byte per weight
-      int64_t int4_group = 0;  // int4 experts (GPTQ / AWQ / compressed-tensors, GGUF Q4_0) stay int4
+      int64_t int4_group = 0;  // int4 experts (GPTQ / AWQ / compressed-tensors) stay int4
+      std::vector<TensorRead> gu, dn;  // GGUF integer-coded experts stay as stored
       for (const LayerRead& rd : mlp_layer_reads(ck, cfg, l, opt)) {
         (is_expert(rd.role) ? p.expert_bytes : p.non_expert_bytes) += read_bytes(ck, rd.tensor_read());
         if (!is_expert(rd.role)) continue;
         fp8 |= ck.has(rd.key) && ck.info(rd.key).dtype == DType::F8E4M3;
         if (hf_int4::is_int4_weight(ck, rd.key)) int4_group = hf_int4::kernel_group(ck);
-        else if (gguf::is_q4_0(ck, rd.tensor_read())) int4_group = 32;
+        else if (gguf::is_coded(ck, rd.tensor_read())) (rd.role == LayerRead::ExpertDown ? dn : gu).push_back(rd.tensor_read());
       }
       if (cfg.is_moe_layer(l)) {
-        const uint64_t weights = static_cast<uint64_t>(p.expert_end - p.expert_begin) * 3 *
-                                 static_cast<uint64_t>(cfg.moe_intermediate_size / tp) * cfg.hidden_size;
-        // int4: half a byte per weight plus an f32 scale and a u8 zero point per group
-        // (kernels/grouped_gemm_int4.h; its panel padding aside).
-        p.resident_expert_bytes += int4_group > 0 ? weights / 2 + weights / int4_group * 5
-                                                  : weights * (fp8 && compute == DType::BF16 ? 1 : dtype_size(compute));
+        const uint64_t experts = static_cast<uint64_t>(p.expert_end - p.expert_begin);
+        const uint64_t I = static_cast<uint64_t>(cfg.moe_intermediate_size / tp), H = cfg.hidden_size;
+        const uint64_t weights = experts * 3 * I * H;
+        if (!gu.empty() && !dn.empty()) {
+          // gate + up in one format, down in its own (gguf_experts.h; panel padding aside).
+          auto ptrs = [](const std::vector<TensorRead>& v) {
+            std::vector<const TensorRead*> out;
+            for (const TensorRead& r : v) out.push_back(&r);
+            return out;
+          };
+          p.resident_expert_bytes += experts * (gguf::coded_bytes(gguf::common_format(ck, ptrs(gu)), 2 * I, H) +
+                                                gguf::coded_bytes(gguf::common_format(ck, ptrs(dn)), H, I));
+        } else {
+          // int4: half a byte per weight plus an f32 scale and a u8 zero point per group
+          // (kernels/grouped_gemm_int4.h; its panel padding aside).
+          p.resident_expert_bytes += int4_group > 0 ? weights / 2 + weights / int4_group * 5
+                                                    : weights * (fp8 && compute == DType::BF16 ? 1 : dtype_size(compute));
+        }
       }
     }
     plans.push_back(p);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
 
 #include "core/check.h"
 #include "kernels/grouped_gemm_int4.h"
@@ -131,7 +132,8 @@ QuantFormat layer_quant_format(const Checkpoint& ck, const MoeConfig& cfg, int64
 }
 
 // Loads and packs the gated MLP of `reads` (gate, up, down in that order). int4: a
-// GPTQ / AWQ / compressed-tensors MLP stays int4 (loader/hf_int4).
+// GPTQ / AWQ / compressed-tensors MLP stays int4 (loader/hf_int4), a GGUF one of integer-
+// coded types stays in its codes (loader/gguf/gguf_experts.h).
 GatedMlpWeights load_gated(const Checkpoint& ck, const LayerRead& g, const LayerRead& u, const LayerRead& d,
                            Activation act, DType compute, bool int4 = true) {
   // This rank's rows of gate/up (a column-parallel slice under --attn-tp).
@@ -144,6 +146,14 @@ GatedMlpWeights load_gated(const Checkpoint& ck, const LayerRead& g, const Layer
     w.w13 = make_packed_experts_int4(1, 2 * I, H, /*gated=*/true, group);
     w.w2 = make_packed_experts_int4(1, H, I, /*gated=*/false, group);
     hf_int4::pack_expert(ck, w.w13, w.w2, 0, g.tensor_read(), u.tensor_read(), d.tensor_read());
+    return w;
+  }
+  const TensorRead gr = g.tensor_read(), ur = u.tensor_read(), dr = d.tensor_read();
+  if (int4 && gguf::is_coded(ck, gr) && gguf::is_coded(ck, ur) && gguf::is_coded(ck, dr)) {  // GGUF codes as stored
+    w.w13 = make_packed_experts_coded(1, 2 * I, H, /*gated=*/true, gguf::common_format(ck, {&gr, &ur}));
+    w.w2 = make_packed_experts_coded(1, H, I, /*gated=*/false, gguf::common_format(ck, {&dr}));
+    gguf::pack_expert(ck, w.w13, w.w2, 0, gr, ur, dr);
+    for (const TensorRead* r : {&gr, &ur, &dr}) release_sharded(ck, *r);
     return w;
   }
   if (compute == DType::BF16 && is_fp8_weight(ck, g.key)) {  // stays e4m3 (fp8_weights.h)
@@ -451,11 +461,22 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
               layer);
     MOE_CHECK(valid_int4_group(opt.int4_group), "--int4-group must be 32, 64 or 128, got {}", opt.int4_group);
   }
-  // GGUF Q4_0 experts (per-expert keys: gguf_checkpoint.h presents them so) stay 4-bit.
-  const bool gguf_q4 = opt.gguf_q4_0_as_int4 && !fused_gu && n_local > 0 && qf == QuantFormat::None &&
-                       !opt.quantize_w8a8 && (!opt.quantize_w4a8 || opt.int4_group == 32) &&
-                       gguf::is_q4_0(ck, gate[0]->tensor_read()) && gguf::is_q4_0(ck, up[0]->tensor_read()) &&
-                       gguf::is_q4_0(ck, down[0]->tensor_read());
+  // GGUF integer-coded experts (per-expert keys: gguf_checkpoint.h presents them so) stay
+  // as stored, 4-bit types in 4 bits and the others in 8 (gguf_experts.h). With --quantize
+  // w4a8 only those already 4-bit with its group; otherwise they are requantised.
+  std::optional<CodedFormat> gguf_f13, gguf_f2;
+  if (opt.gguf_q4_0_as_int4 && !fused_gu && n_local > 0 && qf == QuantFormat::None && !opt.quantize_w8a8 &&
+      gguf::is_coded(ck, gate[0]->tensor_read()) && gguf::is_coded(ck, up[0]->tensor_read()) &&
+      gguf::is_coded(ck, down[0]->tensor_read())) {
+    const TensorRead g0 = gate[0]->tensor_read(), u0 = up[0]->tensor_read(), d0 = down[0]->tensor_read();
+    const CodedFormat f13 = gguf::common_format(ck, {&g0, &u0}), f2 = gguf::common_format(ck, {&d0});
+    auto fits = [&](const CodedFormat& f) { return f.bits == 4 && f.group == opt.int4_group; };
+    if (!opt.quantize_w4a8 || (fits(f13) && fits(f2))) {
+      gguf_f13 = f13;
+      gguf_f2 = f2;
+    }
+  }
+  const bool gguf_q4 = gguf_f13.has_value();
   // GPTQ / AWQ / compressed-tensors int4 experts stay 4-bit the same way (loader/hf_int4),
   // unless one of them has an act-order g_idx (or this rank's TP slice cuts a group):
   // then the layer's experts are dequantised exactly, like any float weight.
@@ -478,8 +499,11 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   if (fp8) {
     w.w13 = make_packed_fp8(n_local, 2 * Il, H, /*gated=*/true, fp8_slice_block_k(ck, first_gu->tensor_read()));
     w.w2 = make_packed_fp8(n_local, H, Il, /*gated=*/false, fp8_slice_block_k(ck, first_dn->tensor_read()));
-  } else if (opt.quantize_w4a8 || gguf_q4 || hf4) {
-    const int64_t group = gguf_q4 ? 32 : hf4 ? hf_int4::kernel_group(ck) : opt.int4_group;  // Q4_0's block
+  } else if (gguf_q4) {
+    w.w13 = make_packed_experts_coded(n_local, 2 * Il, H, /*gated=*/true, *gguf_f13);
+    w.w2 = make_packed_experts_coded(n_local, H, Il, /*gated=*/false, *gguf_f2);
+  } else if (opt.quantize_w4a8 || hf4) {
+    const int64_t group = hf4 ? hf_int4::kernel_group(ck) : opt.int4_group;
     w.w13 = make_packed_experts_int4(n_local, 2 * Il, H, /*gated=*/true, group);
     w.w2 = make_packed_experts_int4(n_local, H, Il, /*gated=*/false, group);
   } else {
@@ -538,12 +562,13 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
           return;
         }
         if (gguf_q4) {
-          MOE_CHECK(gguf::is_q4_0(ck, gate[e]->tensor_read()) && gguf::is_q4_0(ck, up[e]->tensor_read()) &&
-                        gguf::is_q4_0(ck, down[e]->tensor_read()),
-                    "layer {}: expert 0's projections are GGUF Q4_0 but '{}', '{}' or '{}' is not", layer,
-                    gate[e]->key, up[e]->key, down[e]->key);
-          gguf::pack_q4_0_expert(ck, w.w13, w.w2, e, gate[e]->tensor_read(), up[e]->tensor_read(),
-                                 down[e]->tensor_read());
+          // GGUF stores a layer's experts as one tensor per projection, so every expert
+          // shares expert 0's types; checked all the same (a hostile index could differ).
+          MOE_CHECK(gguf::is_coded(ck, gate[e]->tensor_read()) && gguf::is_coded(ck, up[e]->tensor_read()) &&
+                        gguf::is_coded(ck, down[e]->tensor_read()),
+                    "layer {}: expert 0's projections are GGUF integer-coded types but '{}', '{}' or '{}' is not",
+                    layer, gate[e]->key, up[e]->key, down[e]->key);
+          gguf::pack_expert(ck, w.w13, w.w2, e, gate[e]->tensor_read(), up[e]->tensor_read(), down[e]->tensor_read());
           for (const LayerRead* r : {gate[e], up[e], down[e]}) release_sharded(ck, r->tensor_read());
           if (opt.progress)
             opt.progress->advance(read_bytes(ck, gate[e]->tensor_read()) + read_bytes(ck, up[e]->tensor_read()) +

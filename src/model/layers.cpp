@@ -69,12 +69,13 @@ Linear load_linear(const Checkpoint& ck, const LinearRead& r, const LinearOption
     } else {
       l = make_linear(hf_int4::dequantize(ck, r.weight), o, bias);
     }
-  } else if (gguf_q4_0_as_int4 && gguf::is_q4_0(ck, r.weight)) {
+  } else if (gguf_q4_0_as_int4 && gguf::is_coded(ck, r.weight)) {
     const ShardPlan p = plan_shard(r.weight);
     MOE_CHECK(p.out_shape.size() == 2, "tensor '{}': a linear layer's weight must be a matrix, got {}", r.weight.key,
               shape_str(p.out_shape));
-    l.w = make_packed_experts_int4(1, p.out_shape[0], p.out_shape[1], /*gated=*/false, 32);
-    gguf::pack_q4_0_matrix(ck, l.w, 0, r.weight);
+    l.w = make_packed_experts_coded(1, p.out_shape[0], p.out_shape[1], /*gated=*/false,
+                                    gguf::common_format(ck, {&r.weight}));
+    gguf::pack_matrix(ck, l.w, 0, r.weight);
     l.bias = bias;
   } else if (compute == DType::BF16 && o.int4_group == 0 && is_fp8_weight(ck, r.weight.key)) {
     // Block-scaled FP8 stays e4m3 in memory; the GEMM dequantises it panel by panel.

@@ -82,7 +82,8 @@ struct LinearOptions {
   // groups of this many inputs (32, 64 or 128), as --quantize w4a8 makes the experts;
   // `compute` is then unused. Under --tp a row-parallel projection quantises its slice.
   int64_t int4_group = 0;
-  // GGUF Q4_0 and GPTQ / AWQ / compressed-tensors int4 weights stay int4 (exactly).
+  // GGUF integer-coded and GPTQ / AWQ / compressed-tensors int4 weights stay in their
+  // codes (exactly).
   bool keep_int4 = false;
   static LinearOptions keeping_int4(DType c) {
     LinearOptions o(c);
@@ -92,7 +93,8 @@ struct LinearOptions {
 };
 
 // bf16 compute keeps an FP8 block-scaled weight as e4m3; f32 compute dequantises it.
-// keep_int4: a GGUF Q4_0 weight becomes a W4A8 int4 linear with groups of 32, exactly
+// keep_int4: a GGUF weight of an integer-coded type (Q4_0 ... Q6_K) becomes a group-coded
+// linear holding its codes, 4-bit types in 4 bits and the others in 8, exactly
 // (loader/gguf/gguf_experts.h; int8 inputs per token, as W8A8's), whatever `compute`;
 // otherwise it is dequantised like any float weight. The same flag keeps a GPTQ / AWQ /
 // compressed-tensors int4 weight ("<m>.qweight" / "<m>.weight_packed" in place of

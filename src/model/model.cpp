@@ -235,9 +235,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   m->final_norm_ = load_f32(ck, final_norm_read(c));
   LinearOptions lin(opt.quantize_linears ? DType::I8 : opt.dtype);
   if (opt.quantize_linears_w4a8) lin.int4_group = opt.int4_group;
-  // GGUF Q4_0 linears stay int4 unless int8 linears are asked for: int4 reads 0.66 of
-  // int8's bytes at decode, but its GEMM is ~1.6x int8's time at prefill (a float step per
-  // 32 inputs; docs/PERF.md), so --quantize-linears w8a8 is the prefill-heavy choice.
+  // GGUF integer-coded linears stay in their codes unless int8 linears are asked for:
+  // int4 reads 0.66 of int8's bytes at decode, but its GEMM is ~1.6x int8's time at
+  // prefill (a float step per 32 inputs; docs/PERF.md), so --quantize-linears w8a8 is the
+  // prefill-heavy choice.
   lin.keep_int4 = opt.gguf_q4_0_as_int4 && !opt.quantize_linears;
   // Vocabulary-parallel under --attn-tp: this rank's rows of lm_head only.
   if (const auto lm = m->attn_tp_ ? lm_head_read(c, m->vocab_) : lm_head_read(c))

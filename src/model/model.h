@@ -58,10 +58,12 @@ struct ModelOptions {
   // (MlpLoadOptions::quantize_w4a8); everything else as for w8a8.
   bool quantize_w4a8 = false;
   int64_t int4_group = 32;
-  // GGUF Q4_0 weights stay 4-bit, exactly: the routed experts (MlpLoadOptions::
-  // gguf_q4_0_as_int4) and, unless quantize_linears asks for int8, the attention
+  // GGUF weights of integer-coded types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)
+  // stay in their codes, exactly (4-bit types in 4 bits, the others in 8;
+  // loader/gguf/gguf_experts.h): the routed experts (MlpLoadOptions::gguf_q4_0_as_int4),
+  // dense and shared MLPs, and, unless quantize_linears asks for int8, the attention
   // projections and lm_head (load_linear). false: dequantised to `dtype` (f32 holds them
-  // exactly).
+  // exactly). (The name is older than the K-quants.)
   bool gguf_q4_0_as_int4 = true;
   // --quantize-linears w8a8: the attention projections and lm_head become W8A8 int8
   // (model/layers.h Linear: per-output-channel weight scales at load, per-token dynamic

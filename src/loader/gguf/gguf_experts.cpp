@@ -2,67 +2,82 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/check.h"
-#include "kernels/grouped_gemm_int4.h"
 #include "loader/gguf/gguf_types.h"
 
 namespace moe::gguf {
 
 namespace {
 
-constexpr int64_t kBlock = 32;  // Q4_0 weights per block (and per int4 group)
+GgmlType type_of(const Checkpoint& ck, const TensorRead& r) { return static_cast<GgmlType>(ck.info(r.key).ggml_type); }
 
-// This rank's slice of a Q4_0 tensor as int4 codes, zero points and scales: u U8
-// [n, k], zero U8 [n, k / 32], scale F32 [n, k / 32] (the slice's shape).
-struct Q4Slice {
-  Tensor u, zero, scale;
-};
-
-Q4Slice read_slice(const Checkpoint& ck, const TensorRead& r) {
+// This rank's slice of a coded tensor in the plain form of format f (CodedWeight: the
+// slice's [n, k] codes, per f.group scales and zero points or offsets).
+CodedWeight read_coded(const Checkpoint& ck, const TensorRead& r, const CodedFormat& f) {
   const TensorInfo& info = ck.info(r.key);
   MOE_CHECK(info.shape == r.shape, "tensor '{}' in {} has shape {}, expected {}", r.key, ck.file_of(r.key),
             shape_str(info.shape), shape_str(r.shape));
+  const GgmlType t = type_of(ck, r);
+  const GroupLayout lay = *group_layout(t);
   const ShardPlan p = plan_shard(r);
-  MOE_CHECK(p.out_shape.size() == 2 && p.out_shape[1] % kBlock == 0, "tensor '{}' in {}: this rank's slice {} has "
-            "rows that Q4_0's {}-weight blocks do not divide", r.key, ck.file_of(r.key), shape_str(p.out_shape),
-            kBlock);
-  const int64_t n = p.out_shape[0], k = p.out_shape[1], cols = info.shape.back();
-  Q4Slice s{Tensor::empty({n, k}, DType::U8), Tensor::empty({n, k / kBlock}, DType::U8),
-            Tensor::empty({n, k / kBlock}, DType::F32)};
+  MOE_CHECK(p.out_shape.size() == 2 && p.out_shape[1] % f.group == 0, "tensor '{}' in {}: this rank's slice {} has "
+            "rows that groups of {} weights do not divide", r.key, ck.file_of(r.key), shape_str(p.out_shape), f.group);
+  const int64_t n = p.out_shape[0], k = p.out_shape[1], cols = info.shape.back(), ng = k / f.group;
+  CodedWeight w;
+  w.u = Tensor::empty({n, k}, DType::U8);
+  w.scale = Tensor::empty({n, ng}, DType::F32);
+  if (f.offsets) {
+    w.offset = Tensor::empty({n, ng}, DType::F32);
+  } else {
+    w.zero = Tensor::empty({n, ng}, DType::U8);
+  }
   const Tensor raw = ck.view_raw(r.key);
-  const uint64_t row_bytes = ggml_row_bytes(GgmlType::Q4_0, cols);
-  uint8_t* u = s.u.data<uint8_t>();
-  uint8_t* z = s.zero.data<uint8_t>();
-  float* sc = s.scale.data<float>();
-  std::vector<float> scale(static_cast<size_t>(cols / kBlock)), offset(scale.size());
-  // A run's piece may span several whole rows (a contiguous slice is one piece): walk
-  // each piece row by row.
+  const GgmlTypeInfo& ti = ggml_type_info(t);
+  const uint64_t row_bytes = ggml_row_bytes(t, cols);
+  uint8_t* u = w.u.data<uint8_t>();
+  float* sc = w.scale.data<float>();
+  float* off = f.offsets ? w.offset.data<float>() : nullptr;
+  uint8_t* z = f.offsets ? nullptr : w.zero.data<uint8_t>();
+  std::vector<uint8_t> q;
+  std::vector<float> bs, bo;
+  // One piece: columns [col, col + len) of a row, decomposed from the blocks that hold it
+  // (a K-quant block is 256 weights; MoE-TP slices need only start on a group).
   auto decompose = [&](int64_t b, int64_t len) {
     const int64_t row = b / cols, col = b % cols;
-    MOE_CHECK(col % kBlock == 0 && len % kBlock == 0, "tensor '{}' in {}: this rank's slice cuts a Q4_0 block "
-              "(columns [{}, {}) of a row); MoE-TP must slice on {}-weight boundaries", r.key, ck.file_of(r.key), col,
-              col + len, kBlock);
-    const uint8_t* src = raw.data<uint8_t>() + row * row_bytes + col / kBlock * ggml_type_info(GgmlType::Q4_0).block_bytes;
-    decompose_row(GgmlType::Q4_0, src, len, {u, scale.data(), offset.data()});
-    for (int64_t g = 0; g < len / kBlock; ++g) {
-      const float d = scale[g];
-      MOE_CHECK(std::isfinite(d), "tensor '{}' in {}: Q4_0 block {} of row {} has scale {}, expected a finite "
-                "number", r.key, ck.file_of(r.key), col / kBlock + g, row, d);
-      if (std::signbit(d)) {
-        for (int64_t j = 0; j < kBlock; ++j) u[g * kBlock + j] = static_cast<uint8_t>(15 - u[g * kBlock + j]);
-        z[g] = 7;
-        sc[g] = -d;
+    MOE_CHECK(col % f.group == 0 && len % f.group == 0, "tensor '{}' in {}: this rank's slice cuts a group of {} "
+              "weights (columns [{}, {}) of a row); MoE-TP must slice on group boundaries", r.key, ck.file_of(r.key),
+              f.group, col, col + len);
+    const int64_t b0 = col / ti.block_size * ti.block_size;
+    const int64_t b1 = (col + len + ti.block_size - 1) / ti.block_size * ti.block_size;
+    q.resize(static_cast<size_t>(b1 - b0));
+    bs.resize(static_cast<size_t>((b1 - b0) / lay.group_size));
+    bo.resize(bs.size());
+    const uint8_t* src = raw.data<uint8_t>() + row * row_bytes + b0 / ti.block_size * ti.block_bytes;
+    decompose_row(t, src, b1 - b0, {q.data(), bs.data(), bo.data()});
+    std::memcpy(u, q.data() + (col - b0), static_cast<size_t>(len));
+    for (int64_t G = 0; G < len / f.group; ++G) {
+      const int64_t sg = (col - b0 + G * f.group) / lay.group_size;  // the type's group holding this one
+      const float s = bs[sg], o = bo[sg];
+      MOE_CHECK(std::isfinite(s) && std::isfinite(o), "tensor '{}' in {}: {} block {} of row {} has scale {} and min "
+                "{}, expected finite numbers", r.key, ck.file_of(r.key), ggml_type_name(t),
+                (col + G * f.group) / ti.block_size, row, s, o);
+      sc[G] = s;
+      if (off) {
+        off[G] = o;
       } else {
-        z[g] = 8;
-        sc[g] = d;
+        z[G] = static_cast<uint8_t>(lay.zero);  // zero form: every read is symmetric (common_format)
       }
     }
     u += len;
-    z += len / kBlock;
-    sc += len / kBlock;
+    sc += len / f.group;
+    if (off) off += len / f.group;
+    if (z) z += len / f.group;
   };
+  // A run's piece may span several whole rows (a contiguous slice is one piece): walk
+  // each piece row by row.
   for (const ShardRun& run : p.runs)
     for (int64_t i = 0; i < run.count; ++i)
       for (int64_t b = run.begin + i * run.stride, end = b + run.len; b < end;) {
@@ -70,24 +85,53 @@ Q4Slice read_slice(const Checkpoint& ck, const TensorRead& r) {
         decompose(b, len);
         b += len;
       }
-  return s;
+  return w;
 }
 
 }  // namespace
 
-bool is_q4_0(const Checkpoint& ck, const TensorRead& r) {
-  return ck.has(r.key) && ck.info(r.key).ggml_type == static_cast<int32_t>(GgmlType::Q4_0);
+bool is_coded(const Checkpoint& ck, const TensorRead& r) {
+  if (!ck.has(r.key)) return false;
+  const TensorInfo& info = ck.info(r.key);
+  return info.ggml_type >= 0 && ggml_type_info(static_cast<uint32_t>(info.ggml_type)) != nullptr &&
+         group_layout(static_cast<GgmlType>(info.ggml_type)).has_value();
 }
 
-void pack_q4_0_expert(const Checkpoint& ck, PackedExperts& w13, PackedExperts& w2, int64_t e, const TensorRead& gate,
-                      const TensorRead& up, const TensorRead& down) {
-  const Q4Slice g = read_slice(ck, gate), u = read_slice(ck, up), d = read_slice(ck, down);
-  pack_gated_expert_q4(w13, w2, e, {g.u, g.zero, g.scale}, {u.u, u.zero, u.scale}, {d.u, d.zero, d.scale});
+CodedFormat common_format(const Checkpoint& ck, const std::vector<const TensorRead*>& reads) {
+  CodedFormat f{32, 4, false};
+  for (const TensorRead* r : reads) {
+    MOE_CHECK(is_coded(ck, *r), "tensor '{}' is not of a GGUF integer-coded type", r->key);
+    const GroupLayout lay = *group_layout(type_of(ck, *r));
+    f.group = std::min<int64_t>(f.group, lay.group_size);
+    if (lay.bits > 4) f.bits = 8;
+    if (lay.zero < 0) f.offsets = true;
+  }
+  return f;
 }
 
-void pack_q4_0_matrix(const Checkpoint& ck, PackedExperts& w, int64_t e, const TensorRead& r) {
-  const Q4Slice s = read_slice(ck, r);
-  pack_expert_q4(w, e, s.u, s.zero, s.scale);
+uint64_t coded_bytes(const CodedFormat& f, uint64_t n, uint64_t k) {
+  const uint64_t groups = n * ((k + f.group - 1) / f.group);
+  return n * k * f.bits / 8 + groups * (4 + (f.offsets ? 4 : 1));
+}
+
+void pack_expert(const Checkpoint& ck, PackedExperts& w13, PackedExperts& w2, int64_t e, const TensorRead& gate,
+                 const TensorRead& up, const TensorRead& down) {
+  const CodedFormat f13 = coded_format(w13);
+  const CodedWeight g = read_coded(ck, gate, f13), u = read_coded(ck, up, f13), d = read_coded(ck, down, coded_format(w2));
+  auto stack = [](const Tensor& a, const Tensor& b) {
+    if (!a.defined()) return Tensor();
+    Tensor t = Tensor::empty({a.dim(0) + b.dim(0), a.dim(1)}, a.dtype());
+    std::memcpy(t.raw(), a.raw(), a.nbytes());
+    std::memcpy(static_cast<char*>(t.raw()) + a.nbytes(), b.raw(), b.nbytes());
+    return t;
+  };
+  pack_expert_coded(w13, e, {stack(g.u, u.u), stack(g.scale, u.scale), stack(g.zero, u.zero),
+                             stack(g.offset, u.offset)});
+  pack_expert_coded(w2, e, d);
+}
+
+void pack_matrix(const Checkpoint& ck, PackedExperts& w, int64_t e, const TensorRead& r) {
+  pack_expert_coded(w, e, read_coded(ck, r, coded_format(w)));
 }
 
 }  // namespace moe::gguf

@@ -302,7 +302,7 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
 std::optional<GroupLayout> group_layout(GgmlType t) {
   if (!integer_coded(t)) return std::nullopt;
   const Format f = format_of(t);
-  return GroupLayout{f.group_size, f.bits};
+  return GroupLayout{f.group_size, f.bits, f.form == Form::Symmetric ? f.zero : -1};
 }
 
 // Why scale * q - offset is the reference value (finite f16 d, dmin, m throughout):

@@ -74,6 +74,10 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 struct GroupLayout {
   int group_size = 32;  // 16 (Q6_K) or 32 (the others)
   int bits = 4;
+  // The code of w = 0 for the symmetric types (Q4_0 8, Q5_0 16, Q8_0 128, Q6_K 32), whose
+  // weights are (q - zero) * scale exactly; -1 for those with a float min (Q4_1, Q5_1,
+  // Q4_K, Q5_K), which need the offset.
+  int zero = -1;
 };
 // nullopt for types that are not integer-coded (F32, F16, BF16) or not supported.
 std::optional<GroupLayout> group_layout(GgmlType t);

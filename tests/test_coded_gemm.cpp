@@ -1,0 +1,272 @@
+// Group-coded weights beyond W4A8's zero points (kernels/grouped_gemm_int4.h): 4-bit codes
+// with f32 offsets (GGUF Q4_K / Q4_1) and 8-bit codes with zero points or offsets (GGUF
+// Q5_K, Q6_K, Q8_0, Q5_0, Q5_1), under Q8 activations.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/check.h"
+#include "core/cpu.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/grouped_gemm_int4.h"
+#include "kernels/quant.h"
+#include "test_isa.h"
+#include "test_util.h"
+
+namespace moe {
+namespace {
+
+struct Case {
+  int64_t E, N, K;
+  bool gated;
+  CodedFormat f;
+};
+
+// Random codes in [0, 2^bits), scales of both signs (GGUF's d may be negative), offsets
+// or zero points, as a GGUF block decomposes (gguf_types.h).
+CodedWeight random_weight(int64_t n, int64_t k, const CodedFormat& f, std::mt19937& rng) {
+  const int64_t ng = int4_n_groups(k, f.group);
+  CodedWeight w;
+  w.u = Tensor::empty({n, k}, DType::U8);
+  w.scale = Tensor::empty({n, ng}, DType::F32);
+  std::uniform_real_distribution<float> s(-0.01f, 0.02f), o(-0.3f, 0.3f);
+  for (int64_t i = 0; i < w.u.numel(); ++i) w.u.data<uint8_t>()[i] = static_cast<uint8_t>(rng() % (1u << f.bits));
+  for (int64_t i = 0; i < w.scale.numel(); ++i) w.scale.data<float>()[i] = s(rng);
+  if (f.offsets) {
+    w.offset = Tensor::empty({n, ng}, DType::F32);
+    for (int64_t i = 0; i < w.offset.numel(); ++i) w.offset.data<float>()[i] = o(rng);
+  } else {
+    w.zero = Tensor::empty({n, ng}, DType::U8);
+    for (int64_t i = 0; i < w.zero.numel(); ++i) w.zero.data<uint8_t>()[i] = static_cast<uint8_t>(rng() % (1u << f.bits));
+  }
+  return w;
+}
+
+PackedExperts make(const Case& c, std::vector<CodedWeight>* kept, uint32_t seed) {
+  PackedExperts p = make_packed_experts_coded(c.E, c.N, c.K, c.gated, c.f);
+  std::mt19937 rng(seed);
+  for (int64_t e = 0; e < c.E; ++e) {
+    CodedWeight w = random_weight(c.N, c.K, c.f, rng);
+    pack_expert_coded(p, e, w);
+    if (kept) kept->push_back(w);
+  }
+  return p;
+}
+
+std::vector<char> q8_rows(const Tensor& x) {
+  const int64_t rows = x.dim(0), k = x.dim(1);
+  std::vector<char> out(rows * q8_row_bytes(k));
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row_q8_reference(x.data<float>() + r * k, nullptr, k, out.data() + r * q8_row_bytes(k));
+  return out;
+}
+
+GroupedGemmParams params(const PackedExperts& w, const std::vector<char>& a, const std::vector<int64_t>& offsets,
+                         DType cd) {
+  GroupedGemmParams p;
+  p.w = &w;
+  p.a = a.data();
+  p.lda = q8_row_bytes(w.k);
+  p.offsets = offsets.data();
+  p.c_dtype = cd;
+  p.ldc = w.n_out();
+  p.act = w.gated ? Activation::SiluMul : Activation::None;
+  return p;
+}
+
+// GGUF's shapes (groups of 16 for Q6_K, 32 for the rest) and odd ones: k not a multiple
+// of the group or of 8, tail panels, gated, a wide matrix whose decode tasks span panels.
+const Case kCases[] = {
+    {2, 70, 256, false, {32, 4, true}},   {3, 2 * 40, 301, true, {64, 4, true}},
+    {2, 2 * 64, 512, true, {32, 4, true}}, {2, 70, 256, false, {16, 8, false}},
+    {3, 2 * 40, 301, true, {16, 8, true}}, {2, 2 * 96, 256, true, {32, 8, false}},
+    {1, 100, 130, false, {128, 8, true}},  {1, 4096, 64, false, {32, 8, true}},
+    {1, 33, 1000, false, {64, 8, false}},
+};
+
+std::string name(const Case& c) {
+  return fmt::format("N={} K={} {}-bit g{} {}", c.N, c.K, c.f.bits, c.f.group, c.f.offsets ? "offsets" : "zeros");
+}
+
+TEST(CodedGemm, EveryIsaGivesTheReferenceBits) {
+  for (const Case& c : kCases)
+    for (DType cd : {DType::F32, DType::BF16})
+      for (int64_t per : {1, 3, 4, 5, 37}) {  // decode (<= 4 rows) and prefill, with row tails
+        const PackedExperts w = make(c, nullptr, 21);
+        std::vector<int64_t> offsets(c.E + 1, 0);
+        for (int64_t e = 0; e < c.E; ++e) offsets[e + 1] = offsets[e] + per + (e == 1 ? -per : e);  // expert 1 empty
+        const int64_t rows = offsets.back();
+        const std::vector<char> a = q8_rows(test::random_f32({rows, c.K}, 1.f, 22));
+        GroupedGemmParams p = params(w, a, offsets, cd);
+        Tensor ref = Tensor::zeros({rows, w.n_out()}, cd);
+        p.c = ref.raw();
+        grouped_gemm_reference(p);
+        for (Isa isa : test::available_isas()) {
+          test::IsaScope scope(isa);
+          Tensor got = Tensor::zeros({rows, w.n_out()}, cd);
+          p.c = got.raw();
+          grouped_gemm(p);
+          ASSERT_EQ(0, std::memcmp(got.raw(), ref.raw(), ref.nbytes()))
+              << isa_name(isa) << " " << name(c) << " rows/expert " << per;
+        }
+      }
+}
+
+// Scales 1, integer offsets and a_scale 1 make every float step exact (integers below
+// 2^24), so the output is sum_k q_a * u - sum_k q_a * offset (or q_a * (u - z)),
+// checked against a plain loop over the codes as given, at the extremes (u = 255,
+// |a| = 127, groups of 128) where a 16-bit partial sum would saturate.
+TEST(CodedGemm, ExactGroupSums) {
+  const int64_t N = 70, K = 264;
+  for (const CodedFormat f : {CodedFormat{16, 8, false}, CodedFormat{128, 8, true}, CodedFormat{32, 8, true},
+                              CodedFormat{32, 4, true}, CodedFormat{128, 4, true}})
+    for (int extreme : {0, 1}) {
+      const int64_t ng = int4_n_groups(K, f.group), top = (1 << f.bits) - 1;
+      PackedExperts w = make_packed_experts_coded(1, N, K, false, f);
+      std::mt19937 rng(static_cast<uint32_t>(f.group + f.bits + extreme));
+      CodedWeight cw;
+      cw.u = Tensor::empty({N, K}, DType::U8);
+      cw.scale = Tensor::empty({N, ng}, DType::F32);
+      for (int64_t i = 0; i < cw.u.numel(); ++i)
+        cw.u.data<uint8_t>()[i] = static_cast<uint8_t>(extreme ? top * (rng() & 1) : rng() % (top + 1));
+      for (int64_t i = 0; i < cw.scale.numel(); ++i) cw.scale.data<float>()[i] = 1.0f;
+      if (f.offsets) {
+        cw.offset = Tensor::empty({N, ng}, DType::F32);
+        for (int64_t i = 0; i < cw.offset.numel(); ++i) cw.offset.data<float>()[i] = float(int(rng() % 41) - 20);
+      } else {
+        cw.zero = Tensor::empty({N, ng}, DType::U8);
+        for (int64_t i = 0; i < cw.zero.numel(); ++i)
+          cw.zero.data<uint8_t>()[i] = static_cast<uint8_t>(extreme ? top * (rng() & 1) : rng() % (top + 1));
+      }
+      pack_expert_coded(w, 0, cw);
+      const int64_t rows = 6;
+      std::vector<char> a(rows * q8_row_bytes(K), 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        auto* q = reinterpret_cast<int8_t*>(a.data() + r * q8_row_bytes(K));
+        for (int64_t k = 0; k < K; ++k)
+          q[k] = static_cast<int8_t>(extreme ? (r % 2 ? -127 : 127) * ((rng() & 3) ? 1 : -1) : int(rng() % 255) - 127);
+        const float one = 1.0f;
+        std::memcpy(a.data() + r * q8_row_bytes(K) + q8_scale_offset(K), &one, 4);
+      }
+      for (Isa isa : test::available_isas())
+        for (int64_t split : {1, 2, 6}) {  // 1 or 2 rows per call (decode), 6 (prefill)
+          test::IsaScope scope(isa);
+          for (int64_t r0 = 0; r0 < rows; r0 += split) {
+            const std::vector<int64_t> off = {r0, r0 + split};
+            Tensor out = Tensor::zeros({rows, N}, DType::F32);
+            GroupedGemmParams p = params(w, a, off, DType::F32);
+            p.c = out.raw();
+            grouped_gemm(p);
+            for (int64_t r = r0; r < r0 + split; ++r) {
+              const auto* q = reinterpret_cast<const int8_t*>(a.data() + r * q8_row_bytes(K));
+              for (int64_t n = 0; n < N; ++n) {
+                int64_t want = 0;
+                for (int64_t k = 0; k < K; ++k) {
+                  const int64_t G = n * ng + k / f.group;
+                  const int64_t u = cw.u.data<uint8_t>()[n * K + k];
+                  want += f.offsets ? int64_t(q[k]) * u - int64_t(q[k]) * int64_t(cw.offset.data<float>()[G])
+                                    : int64_t(q[k]) * (u - cw.zero.data<uint8_t>()[G]);
+                }
+                ASSERT_EQ(static_cast<double>(want), out.data<float>()[r * N + n])
+                    << isa_name(isa) << " " << f.bits << "-bit g" << f.group << " row " << r << " col " << n;
+              }
+            }
+          }
+        }
+    }
+}
+
+// The GEMM is the float GEMM of the given weights (u * s - offset, (u - z) * s, computed
+// here from the codes as given, in double) and the int8 activations, up to f32 rounding.
+TEST(CodedGemm, IsTheFloatGemmOfTheGivenWeights) {
+  for (const Case& c : kCases) {
+    if (c.gated) continue;  // the activation would hide the sums
+    std::vector<CodedWeight> kept;
+    const PackedExperts w = make(c, &kept, 5);
+    const int64_t rows = 3, ng = int4_n_groups(c.K, c.f.group);
+    std::vector<int64_t> offsets(c.E + 1, 0);
+    for (int64_t e = 0; e < c.E; ++e) offsets[e + 1] = offsets[e] + rows;
+    const std::vector<char> a = q8_rows(test::random_f32({offsets.back(), c.K}, 1.f, 6));
+    Tensor got = Tensor::zeros({offsets.back(), c.N}, DType::F32);
+    GroupedGemmParams p = params(w, a, offsets, DType::F32);
+    p.c = got.raw();
+    grouped_gemm(p);
+    for (int64_t e = 0; e < c.E; ++e)
+      for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
+        const char* row = a.data() + r * q8_row_bytes(c.K);
+        const auto* q = reinterpret_cast<const int8_t*>(row);
+        const double as = q8_row_scale(row, c.K);
+        for (int64_t n = 0; n < c.N; ++n) {
+          double want = 0, mag = 0;
+          for (int64_t k = 0; k < c.K; ++k) {
+            const int64_t G = n * ng + k / c.f.group;
+            const double u = kept[e].u.data<uint8_t>()[n * c.K + k], s = kept[e].scale.data<float>()[G];
+            const double wv = c.f.offsets ? u * s - kept[e].offset.data<float>()[G]
+                                          : (u - kept[e].zero.data<uint8_t>()[G]) * s;
+            want += q[k] * as * wv;
+            mag += std::fabs(q[k] * as * wv) + std::fabs(q[k] * as * u * s);
+          }
+          ASSERT_NEAR(got.data<float>()[r * c.N + n], want, 1e-6 * mag + 1e-30) << name(c) << " row " << r << " n " << n;
+        }
+      }
+  }
+}
+
+TEST(CodedGemm, PackRoundTripAndExpertCopies) {
+  for (const Case& c : kCases) {
+    std::vector<CodedWeight> kept;
+    PackedExperts w = make(c, &kept, 9);
+    for (int64_t e = 0; e < c.E; ++e) {
+      const CodedWeight back = unpack_expert_coded(w, e);
+      for (const auto& [x, y] : {std::pair{&back.u, &kept[e].u}, std::pair{&back.scale, &kept[e].scale},
+                                 std::pair{&back.zero, &kept[e].zero}, std::pair{&back.offset, &kept[e].offset}}) {
+        ASSERT_EQ(x->defined(), y->defined()) << name(c);
+        if (x->defined()) ASSERT_EQ(0, std::memcmp(x->raw(), y->raw(), y->nbytes())) << name(c) << " expert " << e;
+      }
+    }
+    // An EPLB move copies every piece, offsets included.
+    PackedExperts to = make_packed_experts_coded(1, c.N, c.K, c.gated, c.f);
+    copy_expert(to, 0, w, c.E - 1);
+    const CodedWeight moved = unpack_expert_coded(to, 0);
+    const Tensor& side = c.f.offsets ? moved.offset : moved.zero;
+    const Tensor& want = c.f.offsets ? kept.back().offset : kept.back().zero;
+    ASSERT_EQ(0, std::memcmp(side.raw(), want.raw(), want.nbytes())) << name(c);
+    ASSERT_EQ(0, std::memcmp(moved.u.raw(), kept.back().u.raw(), kept.back().u.nbytes())) << name(c);
+  }
+}
+
+TEST(CodedGemm, BadInputsNameTheProblem) {
+  auto expect_error = [](auto&& fn, const std::string& what) {
+    try {
+      fn();
+      FAIL() << "no error; expected one naming " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_error([] { make_packed_experts_coded(1, 8, 64, false, {16, 4, false}); }, "groups of 32, 64 or 128");
+  expect_error([] { make_packed_experts_coded(1, 8, 64, false, {24, 8, true}); }, "16, 32, 64 or 128");
+  expect_error([] { make_packed_experts_coded(1, 8, 64, false, {32, 6, true}); }, "6-bit");
+  std::mt19937 rng(1);
+  PackedExperts p = make_packed_experts_coded(1, 8, 64, false, {32, 4, true});
+  CodedWeight w = random_weight(8, 64, {32, 4, true}, rng);
+  w.u.data<uint8_t>()[3] = 16;
+  expect_error([&] { pack_expert_coded(p, 0, w); }, "code 3 of expert 0 is 16");
+  w.u.data<uint8_t>()[3] = 1;
+  w.offset.data<float>()[1] = NAN;
+  expect_error([&] { pack_expert_coded(p, 0, w); }, "offset 1 of expert 0 is nan");
+  w.offset = Tensor();
+  expect_error([&] { pack_expert_coded(p, 0, w); }, "expected offsets");
+  // Offset-form experts hold GGUF's codes; quantising floats into them is not offered.
+  expect_error([&] { pack_expert(p, 0, test::random_f32({8, 64}, 1.f, 1)); }, "pack_expert_coded");
+  PackedExperts g8 = make_packed_experts_coded(1, 8, 64, false, {16, 8, false});
+  CodedWeight z = random_weight(8, 64, {16, 8, false}, rng);
+  z.scale.data<float>()[0] = INFINITY;
+  expect_error([&] { pack_expert_coded(g8, 0, z); }, "scale 0 of expert 0 is inf");
+}
+
+}  // namespace
+}  // namespace moe
