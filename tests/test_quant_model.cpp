@@ -125,7 +125,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, QuantModel, ::testing::ValuesIn(test::model_f
 
 // `moe-ep forward/generate --quantize w8a8` run the API's W8A8 model: the same logits bit
 // for bit and the same tokens (bf16 here, so the shared experts and attention run bf16
-// next to the int8 routed experts).
+// next to the int8 routed experts), with --warmup too.
 TEST(QuantModelCli, ForwardAndGenerateMatchTheApi) {
   test::TempDir tmp;
   int n = 0;
@@ -145,6 +145,9 @@ TEST(QuantModelCli, ForwardAndGenerateMatchTheApi) {
     const std::string logits_path = tmp / "logits.safetensors", json_path = tmp / "gen.json";
     ASSERT_TRUE(cli("forward", "--logits " + logits_path));
     ASSERT_TRUE(cli("generate", "--max-new-tokens 8 --ignore-eos --kv-cache-dtype f32 --output-json " + json_path));
+    // --warmup generates once untimed first; the timed run reuses the KV slots from position 0.
+    const std::string warm_path = tmp / "warm.json";
+    ASSERT_TRUE(cli("generate", "--warmup --max-new-tokens 8 --ignore-eos --kv-cache-dtype f32 --output-json " + warm_path));
 
     auto m = load(f.dir, true, DType::BF16);
     const Tensor want = prefill_logits(*m, f.prompts);
@@ -161,6 +164,8 @@ TEST(QuantModelCli, ForwardAndGenerateMatchTheApi) {
     const auto j = nlohmann::json::parse(in);
     EXPECT_EQ(j["quantize"], "w8a8");
     EXPECT_EQ(j["generated"].get<std::vector<std::vector<int32_t>>>(), r.tokens);
+    std::ifstream win(warm_path);
+    EXPECT_EQ(nlohmann::json::parse(win)["generated"].get<std::vector<std::vector<int32_t>>>(), r.tokens);
     ++n;
   }
   EXPECT_EQ(n, 2);

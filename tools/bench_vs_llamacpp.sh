@@ -25,9 +25,10 @@
 # Cases, each moe-ep mode against the llama.cpp type of the same weight width:
 #   bf16 vs BF16, --quantize w8a8 vs Q8_0, --quantize w4a8 vs Q4_0 and Q4_K_M;
 #   and with mode "gguf" in MODES, moe-ep on the very GGUF file the peer runs, for each
-#   type in GGUF_TYPES (default "BF16 Q4_0"): rows "gguf:TYPE" (moe-ep keeps Q4_0 experts
-#   and linears 4-bit exactly and dequantises the other quantised tensors to bf16, or with
-#   LINEARS w8a8 requantises the other attention linears and lm_head to int8).
+#   type in GGUF_TYPES (default "BF16 Q4_0"): rows "gguf:TYPE" (moe-ep keeps every tensor
+#   of an integer-coded type in its codes, exactly: 4-bit types in 4 bits, 5- to 8-bit
+#   ones in 8; with LINEARS w8a8 it requantises the attention linears and lm_head to int8
+#   instead, so LINEARS=none is the same-bytes comparison).
 # A case whose GGUF is missing, or that this moe-ep build lacks (w4a8), prints "-".
 #
 # Each of R rounds runs every case of both engines once, one process at a time, in a
@@ -39,8 +40,12 @@
 #   decode (batch 1): DECODE tokens after that prompt. moe-ep: the remaining steps of the
 #     same `generate` (greedy, --ignore-eos); llama.cpp: llama-bench -p 0 -n DECODE -d
 #     PREFILL (generation after PREFILL tokens of context, as moe-ep's).
-# llama-bench runs with its defaults otherwise (one warm-up run, its default flash
-# attention and CPU weight repacking), one repetition per round (-r 1).
+# Warm-up, both engines: llama-bench runs its test once untimed before the timed run (its
+# default); moe-ep `generate --warmup` runs the whole generation once untimed, then the
+# timed one (builds without --warmup time their first run, which pays the page faults of
+# every fresh buffer: 2.6x slower prefill on a 2-vCPU Zen 4 VM).
+# llama-bench runs with its defaults otherwise (its default flash attention and CPU
+# weight repacking), one repetition per round (-r 1).
 #
 # DRAM floor (FLOOR=1): the fraction of decode tokens/s over bandwidth / bytes a decode
 # token must read. Bytes per token: every weight but the experts and token_embd, 8/128
@@ -130,6 +135,7 @@ moe_cmd() {  # MODE -> CMD, the moe-ep command line (the prompt ids in $IDS)
   [ "$q" = bf16 ] && q=none
   [ "$1" = w4a8 ] && extra=("${INT4_ARGS[@]}")
   [ "$q" != none ] && [ "$LINEARS" != none ] && extra+=(--quantize-linears "$LINEARS")
+  moe_has --warmup && extra+=(--warmup)
   CMD=(env OMP_NUM_THREADS="$THREADS" "$MOE_EP" generate --model "$model" --dtype bf16 --quantize "$q" "${extra[@]}"
        --prompt-ids "$IDS" --max-new-tokens $((DECODE + 1)) --ignore-eos --quiet --kv-cache-dtype "${KV:-bf16}"
        --max-seq-len $((PREFILL + DECODE + 16)))
@@ -321,11 +327,23 @@ def gguf_bytes(path):
         else: total += nb
     return total + 2.0 * kv_elems  # KV f16
 
+# moe-ep's group-coded storage of GGUF's integer types (loader/gguf/gguf_experts.h), bytes
+# per weight: codes (4-bit types half a byte, the others one), then per group an f32 scale
+# and a u8 zero point (symmetric types) or an f32 offset (types with a min).
+CODED = {2: 0.5 + 5 / 32,   # Q4_0
+         3: 0.5 + 8 / 32,   # Q4_1
+         12: 0.5 + 8 / 32,  # Q4_K
+         6: 1 + 5 / 32,     # Q5_0
+         8: 1 + 5 / 32,     # Q8_0
+         14: 1 + 5 / 16,    # Q6_K (groups of 16)
+         7: 1 + 8 / 32,     # Q5_1
+         13: 1 + 8 / 32}    # Q5_K
+
 def moe_gguf_bytes(path):
-    """Bytes per decode token of moe-ep running a GGUF: Q4_0 experts and linears as int4
-    (0.5 byte + an f32 scale and a u8 zero per 32), other experts and tensors dequantised
-    to bf16, or with LINEARS w8a8 the other 2-D non-expert tensors int8 + an f32 scale per
-    row (w4a8: int4 + an f32 scale and a u8 zero point per group); router f32."""
+    """Bytes per decode token of moe-ep running a GGUF: tensors of integer-coded types in
+    their codes (CODED), float ones in bf16, a quantised token_embd as its blocks (one row
+    per token), the router f32; with LINEARS w8a8 the 2-D non-expert tensors int8 + an f32
+    scale per row instead (w4a8: int4 + an f32 scale and a u8 zero point per group)."""
     q8 = linears_q8 and not path.endswith("-BF16.gguf")
     q4 = linears_q4 and not path.endswith("-BF16.gguf")
     total = 0.0
@@ -333,13 +351,12 @@ def moe_gguf_bytes(path):
         n = 1
         for d in dims: n *= d
         k = kind_of(name)
-        if k == "expert": total += (0.5 * n + 5.0 * n / 32 if ty == 2 else 2.0 * n) * topk / n_exp
-        elif k == "embed": total += 2.0 * dims[0]
+        if k == "expert": total += CODED.get(ty, 2.0) * n * topk / n_exp
+        elif k == "embed": total += nb / dims[-1] if ty in CODED else 2.0 * dims[0]
         elif "ffn_gate_inp" in name: total += 4.0 * n
-        elif ty == 2 and len(dims) == 2: total += 0.5 * n + 5.0 * n / 32  # Q4_0 linears stay int4
         elif q8 and len(dims) == 2: total += n + 4.0 * dims[1]
         elif q4 and len(dims) == 2: total += 0.5 * n + 5.0 * dims[1] * -(-dims[0] // w4_group)
-        else: total += 2.0 * n
+        else: total += CODED.get(ty, 2.0) * n
     return total + (4.0 if os.environ.get("KV", "bf16") == "f32" else 2.0) * kv_elems
 
 def fmt(x): return f"{x:.1f}" if x else "-"

@@ -636,10 +636,11 @@ Verb add_bench_model_verb(CLI::App& app) {
       "it, then measures prefill tokens/s and decode tokens/s against the DRAM floor measured in the same run");
   cmd->add_option("--shape", o->shape, "Layer shapes: qwen3-30b-a3b")->capture_default_str();
   cmd->add_option("--model", o->model_dir,
-                  "Time this checkpoint (a directory, any family) instead of the generated model; --shape, --layers "
+                  "Time this checkpoint (a directory of any family, or a GGUF file) instead of the generated model; "
+                  "--shape, --layers "
                   "and --vocab are then unused, and the MoE-layer check (against bench::random_layer's experts) is "
                   "skipped")
-      ->check(CLI::ExistingDirectory);
+      ->check(CLI::ExistingPath);
   cmd->add_option("--layers", o->layers, "Decoder layers (every one MoE)")->capture_default_str();
   cmd->add_option("--vocab", o->vocab,
                   "Vocabulary size (smaller than the checkpoint's 151936 to save memory; the real one works too)")

@@ -78,6 +78,7 @@ struct GenOpts {
   int64_t top_k = 0;
   uint64_t seed = 0;
   bool ignore_eos = false, quiet = false, no_special = false, show_special = false;
+  bool warmup = false;  // --warmup: one untimed generation first (as llama-bench's warmup run)
   std::string output_json;
   std::string expert_load_out;  // --expert-load-out: moe/placement_file.h's load file
   // Text prompts (any of them needs the tokenizer of --model).
@@ -127,8 +128,8 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
     go.sample_vocab = tm.tok->vocab_size();
   }
   Loaded L = load(o, g.max_new_tokens, true,
-                  fmt::format("generate {} {} {} {} {} {} {}", g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.seed,
-                              g.ignore_eos, fmt::join(g.stops, "\x1f")),
+                  fmt::format("generate {} {} {} {} {} {} {} {}", g.max_new_tokens, g.temperature, g.top_k, g.top_p,
+                              g.seed, g.ignore_eos, g.warmup, fmt::join(g.stops, "\x1f")),
                   std::move(prompts), [&](ModelOptions& mo) { mo.show_progress = !g.quiet; });
   // Text: each request's TextStream decides its stop strings; rank 0 prints its
   // replica's text as it comes (a single prompt streams; several print labelled when done).
@@ -148,6 +149,14 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
       }
       return piece.stopped;
     };
+  }
+  if (g.warmup) {
+    // The same generation once, untimed and unprinted: fresh buffers are faulted in and
+    // caches warm, as llama-bench's warmup run does before it times. The timed run below
+    // starts again from position 0 of the same KV slots.
+    GenerateOptions warm = go;
+    warm.on_token = nullptr;
+    generate(*L.model, L.prompts, warm);
   }
   const GenerateResult r = generate(*L.model, L.prompts, go);
   if (L.world->rank() != 0) return 0;
@@ -288,6 +297,10 @@ std::vector<Verb> add_model_verbs(CLI::App& app) {
                    "Sampling seed; the draw of request i at step s depends only on (seed, i, s), so the same seed "
                    "gives the same tokens on any parallel layout")
         ->capture_default_str();
+    gc->add_flag("--warmup", g->warmup,
+                 "Run the whole generation once, untimed and unprinted, before the one that is timed and printed "
+                 "(as llama-bench's warmup run): the timings then leave out first-touch page faults of fresh "
+                 "buffers and cold caches");
     gc->add_flag("--ignore-eos", g->ignore_eos,
                  "Keep generating after an EOS token (eos_token_id of the config, and with text prompts the "
                  "tokenizer's eos token, e.g. the end-of-turn token of chat models)");
