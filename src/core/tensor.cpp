@@ -1,14 +1,7 @@
 #include "core/tensor.h"
 
-#include <unistd.h>
-
-#include <algorithm>
-#include <bit>
-#include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <new>
-#include <unordered_map>
 
 namespace moe {
 
@@ -18,86 +11,10 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
-namespace {
-
-constexpr size_t kPoolMin = size_t{1} << 20;  // smaller blocks: malloc's own free lists reuse them
-
-// n rounded up to a multiple of an eighth of its power of two (at most 12.5% more).
-size_t size_class(size_t n) {
-  const size_t step = std::bit_floor(n) / 8;
-  return (n + step - 1) / step * step;
-}
-
-size_t pool_cap() {
-  if (const char* e = std::getenv("MOE_TENSOR_POOL_MB")) return static_cast<size_t>(std::strtoull(e, nullptr, 10)) << 20;
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  const size_t ram = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
-  return std::min<size_t>(size_t{2} << 30, ram / 8);
-}
-
-struct Pool {
-  std::mutex mu;
-  std::unordered_multimap<size_t, void*> free;  // size class -> block
-  size_t bytes = 0;
-  const size_t cap = pool_cap();
-};
-
-Pool& pool() {
-  static Pool* p = new Pool;  // never destroyed: blocks may be freed during static destruction
-  return *p;
-}
-
-void release(void* q) { ::operator delete(q, std::align_val_t(kTensorAlign)); }
-
-}  // namespace
-
 std::shared_ptr<void> aligned_alloc_shared(size_t bytes) {
   const size_t n = (bytes + kTensorAlign - 1) / kTensorAlign * kTensorAlign;
-  if (n < kPoolMin || pool().cap == 0) {
-    void* p = ::operator new(n == 0 ? kTensorAlign : n, std::align_val_t(kTensorAlign));
-    return std::shared_ptr<void>(p, release);
-  }
-  const size_t c = size_class(n);
-  void* p = nullptr;
-  {
-    Pool& pl = pool();
-    std::lock_guard<std::mutex> lock(pl.mu);
-    if (auto it = pl.free.find(c); it != pl.free.end()) {
-      p = it->second;
-      pl.free.erase(it);
-      pl.bytes -= c;
-    }
-  }
-  if (!p) p = ::operator new(c, std::align_val_t(kTensorAlign));
-  return std::shared_ptr<void>(p, [c](void* q) {
-    Pool& pl = pool();
-    {
-      std::lock_guard<std::mutex> lock(pl.mu);
-      if (pl.bytes + c <= pl.cap) {
-        pl.free.emplace(c, q);
-        pl.bytes += c;
-        return;
-      }
-    }
-    release(q);
-  });
-}
-
-void tensor_pool_trim() {
-  std::unordered_multimap<size_t, void*> blocks;
-  {
-    Pool& pl = pool();
-    std::lock_guard<std::mutex> lock(pl.mu);
-    blocks.swap(pl.free);
-    pl.bytes = 0;
-  }
-  for (const auto& [c, q] : blocks) release(q);
-}
-
-size_t tensor_pool_bytes() {
-  Pool& pl = pool();
-  std::lock_guard<std::mutex> lock(pl.mu);
-  return pl.bytes;
+  void* p = ::operator new(n == 0 ? kTensorAlign : n, std::align_val_t(kTensorAlign));
+  return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t(kTensorAlign)); });
 }
 
 static Shape contiguous_strides(const Shape& shape) {

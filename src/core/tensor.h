@@ -26,22 +26,8 @@ inline constexpr size_t kTensorAlign = 128;
 
 std::string shape_str(const Shape& s);  // "[2, 3]"
 
-// Owning aligned allocation. Blocks of at least 1 MiB come from and return to a pool
-// (below); smaller ones are plain aligned new / delete.
+// Owning aligned allocation. Frees with the matching aligned delete.
 std::shared_ptr<void> aligned_alloc_shared(size_t bytes);
-
-// The pool of large freed blocks. A forward pass allocates its activations and scratch
-// (MoE dispatch rows, GEMM outputs: tens to hundreds of MiB at prefill) and frees them
-// every step with the same sizes; memory fresh from the system costs a page fault and
-// the kernel's zeroing of every 4 KiB on first touch (perf of a 2048-token prefill on a
-// 2-vCPU Zen 4 VM: 48% of its time in clear_page_erms; llama.cpp allocates its compute
-// buffer once). Freed blocks wait here, by size class (sizes rounded up to an eighth of
-// their power of two), for the next allocation of that class, up to a cap of
-// min(2 GiB, RAM / 8) held (env MOE_TENSOR_POOL_MB overrides; 0 turns the pool off).
-// Trim: frees every pooled block (Model::load calls it at the end, so the load's
-// temporaries do not stay in the process).
-void tensor_pool_trim();
-size_t tensor_pool_bytes();  // bytes held in the pool now
 
 class Tensor {
  public:

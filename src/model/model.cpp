@@ -344,7 +344,6 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   const uint64_t bytes = ks.bytes();
   MOE_CHECK(bytes < (uint64_t{1} << 40), "KV cache of {} blocks of {} positions would take {:.1f} GiB",
             ks.total_blocks(), ks.block_size, static_cast<double>(bytes) / (1 << 30));
-  tensor_pool_trim();  // the load's temporaries leave the process (core/tensor.h)
   m->cache_ = KvCache(ks);
   return m;
 }
