@@ -30,6 +30,31 @@ struct Case {
 CodedWeight random_weight(int64_t n, int64_t k, const CodedFormat& f, std::mt19937& rng) {
   const int64_t ng = int4_n_groups(k, f.group);
   CodedWeight w;
+  if (f.sb_groups > 0) {  // K-quant factors: f16 D (M) per super-block, i8 sc (u8 mn) per group
+    const bool factors = f.sb_groups > 1;  // 1: none stored
+    const int64_t nsb = (ng + f.sb_groups - 1) / f.sb_groups;
+    std::uniform_real_distribution<float> d(-0.002f, 0.004f);
+    w.u = Tensor::empty({n, k}, DType::U8);
+    for (int64_t i = 0; i < w.u.numel(); ++i) w.u.data<uint8_t>()[i] = static_cast<uint8_t>(rng() % (1u << f.bits));
+    w.sb_d = Tensor::empty({n, nsb}, DType::F16);
+    for (int64_t i = 0; i < w.sb_d.numel(); ++i) w.sb_d.data<uint16_t>()[i] = f32_to_f16(d(rng));
+    if (factors) {
+      w.sc = Tensor::empty({n, ng}, DType::I8);
+      for (int64_t i = 0; i < w.sc.numel(); ++i) w.sc.data<int8_t>()[i] = static_cast<int8_t>(int(rng() % 256) - 128);
+    }
+    if (f.offsets) {
+      w.sb_m = Tensor::empty({n, nsb}, DType::F16);
+      for (int64_t i = 0; i < w.sb_m.numel(); ++i) w.sb_m.data<uint16_t>()[i] = f32_to_f16(d(rng));
+      if (factors) {
+        w.mn = Tensor::empty({n, ng}, DType::U8);
+        for (int64_t i = 0; i < w.mn.numel(); ++i) w.mn.data<uint8_t>()[i] = static_cast<uint8_t>(rng() % 64);
+      }
+    } else {
+      w.zero = Tensor::empty({n, ng}, DType::U8);
+      for (int64_t i = 0; i < w.zero.numel(); ++i) w.zero.data<uint8_t>()[i] = static_cast<uint8_t>(rng() % (1u << f.bits));
+    }
+    return w;
+  }
   w.u = Tensor::empty({n, k}, DType::U8);
   w.scale = Tensor::empty({n, ng}, DType::F32);
   std::uniform_real_distribution<float> s(-0.01f, 0.02f), o(-0.3f, 0.3f);
@@ -85,10 +110,18 @@ const Case kCases[] = {
     {3, 2 * 40, 301, true, {16, 8, true}}, {2, 2 * 96, 256, true, {32, 8, false}},
     {1, 100, 130, false, {128, 8, true}},  {1, 4096, 64, false, {32, 8, true}},
     {1, 33, 1000, false, {64, 8, false}},
+    // Super-block scales: Q4_K / Q5_K (8 groups of 32, offsets), Q6_K (16 of 16, zero
+    // points), and a k whose last super-block is short.
+    {2, 70, 512, false, {32, 4, true, 8}},  {3, 2 * 40, 256, true, {32, 4, true, 8}},
+    {2, 2 * 64, 768, true, {16, 8, false, 16}}, {1, 4096, 256, false, {32, 8, true, 8}},
+    {2, 70, 300, false, {32, 4, true, 8}},
+    // One group per super-block: f16 scales (and offsets) per group, unit factors.
+    {2, 70, 256, false, {32, 4, false, 1}}, {3, 2 * 40, 301, true, {32, 8, true, 1}},
 };
 
 std::string name(const Case& c) {
-  return fmt::format("N={} K={} {}-bit g{} {}", c.N, c.K, c.f.bits, c.f.group, c.f.offsets ? "offsets" : "zeros");
+  return fmt::format("N={} K={} {}-bit g{} {} sb{}", c.N, c.K, c.f.bits, c.f.group, c.f.offsets ? "offsets" : "zeros",
+                     c.f.sb_groups);
 }
 
 TEST(CodedGemm, EveryIsaGivesTheReferenceBits) {
@@ -186,6 +219,8 @@ TEST(CodedGemm, IsTheFloatGemmOfTheGivenWeights) {
     if (c.gated) continue;  // the activation would hide the sums
     std::vector<CodedWeight> kept;
     const PackedExperts w = make(c, &kept, 5);
+    for (int64_t e = 0; e < c.E; ++e)  // super-blocks: the effective D * sc, M * mn
+      if (c.f.sb_groups > 0) kept[e] = unpack_expert_coded(w, e);
     const int64_t rows = 3, ng = int4_n_groups(c.K, c.f.group);
     std::vector<int64_t> offsets(c.E + 1, 0);
     for (int64_t e = 0; e < c.E; ++e) offsets[e + 1] = offsets[e] + rows;
@@ -215,25 +250,72 @@ TEST(CodedGemm, IsTheFloatGemmOfTheGivenWeights) {
   }
 }
 
+// The super-block form is a storage of the plain form: packed with its effective scales
+// and offsets (D * sc, M * mn) in f32 per group, the plain form gives the same bits on
+// every ISA, and the super-block effective values are f16(D) * sc exactly.
+TEST(CodedGemm, SuperBlocksEqualThePlainFormOfTheirProducts) {
+  for (const Case& c : kCases) {
+    if (c.f.sb_groups == 0) continue;
+    const PackedExperts sb = make(c, nullptr, 31);
+    CodedFormat plain = c.f;
+    plain.sb_groups = 0;
+    PackedExperts pl = make_packed_experts_coded(c.E, c.N, c.K, c.gated, plain);
+    const int64_t ng = int4_n_groups(c.K, c.f.group);
+    for (int64_t e = 0; e < c.E; ++e) {
+      CodedWeight w = unpack_expert_coded(sb, e);
+      for (int64_t i = 0; i < w.scale.numel(); ++i) {
+        const int64_t row = i / ng, G = i % ng, B = G / c.f.sb_groups, nsb = w.sb_d.dim(1);
+        const float d = f16_to_f32(w.sb_d.data<uint16_t>()[row * nsb + B]);
+        ASSERT_EQ(w.scale.data<float>()[i], w.sc.defined() ? d * static_cast<float>(w.sc.data<int8_t>()[i]) : d)
+            << name(c);
+      }
+      w.sb_d = w.sb_m = w.sc = w.mn = Tensor();
+      pack_expert_coded(pl, e, w);
+    }
+    for (int64_t per : {1, 5}) {
+      std::vector<int64_t> offsets(c.E + 1, 0);
+      for (int64_t e = 0; e < c.E; ++e) offsets[e + 1] = offsets[e] + per;
+      const std::vector<char> a = q8_rows(test::random_f32({offsets.back(), c.K}, 1.f, 32));
+      for (Isa isa : test::available_isas()) {
+        test::IsaScope scope(isa);
+        Tensor x = Tensor::zeros({offsets.back(), sb.n_out()}, DType::F32), y = x.clone();
+        GroupedGemmParams p = params(sb, a, offsets, DType::F32);
+        p.c = x.raw();
+        grouped_gemm(p);
+        p = params(pl, a, offsets, DType::F32);
+        p.c = y.raw();
+        grouped_gemm(p);
+        ASSERT_EQ(0, std::memcmp(x.raw(), y.raw(), x.nbytes())) << isa_name(isa) << " " << name(c);
+      }
+    }
+    // Fewer bytes: per group an i8 (and a u8) instead of one or two f32.
+    EXPECT_LT(int4_bytes_per_expert(sb), int4_bytes_per_expert(pl)) << name(c);
+  }
+}
+
 TEST(CodedGemm, PackRoundTripAndExpertCopies) {
   for (const Case& c : kCases) {
     std::vector<CodedWeight> kept;
     PackedExperts w = make(c, &kept, 9);
     for (int64_t e = 0; e < c.E; ++e) {
       const CodedWeight back = unpack_expert_coded(w, e);
-      for (const auto& [x, y] : {std::pair{&back.u, &kept[e].u}, std::pair{&back.scale, &kept[e].scale},
-                                 std::pair{&back.zero, &kept[e].zero}, std::pair{&back.offset, &kept[e].offset}}) {
+      const bool sb = c.f.sb_groups > 0;  // then scale / offset come back computed, checked below
+      for (const auto& [x, y] : {std::pair{&back.u, &kept[e].u}, std::pair{sb ? &back.sb_d : &back.scale, sb ? &kept[e].sb_d : &kept[e].scale},
+                                 std::pair{&back.zero, &kept[e].zero}, std::pair{sb ? &back.sb_m : &back.offset, sb ? &kept[e].sb_m : &kept[e].offset},
+                                 std::pair{&back.sc, &kept[e].sc}, std::pair{&back.mn, &kept[e].mn}}) {
         ASSERT_EQ(x->defined(), y->defined()) << name(c);
         if (x->defined()) ASSERT_EQ(0, std::memcmp(x->raw(), y->raw(), y->nbytes())) << name(c) << " expert " << e;
       }
     }
-    // An EPLB move copies every piece, offsets included.
+    // An EPLB move copies every piece, offsets and super-block factors included.
     PackedExperts to = make_packed_experts_coded(1, c.N, c.K, c.gated, c.f);
     copy_expert(to, 0, w, c.E - 1);
-    const CodedWeight moved = unpack_expert_coded(to, 0);
-    const Tensor& side = c.f.offsets ? moved.offset : moved.zero;
-    const Tensor& want = c.f.offsets ? kept.back().offset : kept.back().zero;
-    ASSERT_EQ(0, std::memcmp(side.raw(), want.raw(), want.nbytes())) << name(c);
+    const CodedWeight moved = unpack_expert_coded(to, 0), was = unpack_expert_coded(w, c.E - 1);
+    for (const auto& [x, y] : {std::pair{&moved.scale, &was.scale}, std::pair{&moved.zero, &was.zero},
+                               std::pair{&moved.offset, &was.offset}}) {
+      ASSERT_EQ(x->defined(), y->defined()) << name(c);
+      if (x->defined()) ASSERT_EQ(0, std::memcmp(x->raw(), y->raw(), y->nbytes())) << name(c);
+    }
     ASSERT_EQ(0, std::memcmp(moved.u.raw(), kept.back().u.raw(), kept.back().u.nbytes())) << name(c);
   }
 }

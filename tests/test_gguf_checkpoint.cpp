@@ -293,8 +293,11 @@ TEST(GgufCheckpoint, Q4_0ExpertsModelNearTheF32One) {
 TEST(GgufCheckpoint, KQuantExpertsAreExactCodes) {
   const Checkpoint g = Checkpoint::open(kModels + "qwen3moe-kquant.gguf");
   const MoeConfig cfg = MoeConfig::from_hf(g.config());
+  // Q4_K and Q6_K keep their super-block factors (when a slice holds whole 256-weight
+  // blocks: not MoE-TP's down slice of 128); Q5_1 its f16 d and m per group; Q5_K with
+  // Q8_0 in one matrix only f32 scales and offsets.
   struct Want { CodedFormat w13, w2; };
-  const Want want[] = {{{32, 4, true}, {16, 8, false}}, {{32, 8, true}, {32, 8, true}}};
+  const Want want[] = {{{32, 4, true, 8}, {16, 8, false, 16}}, {{32, 8, true}, {32, 8, true, 1}}};
   struct Layout { int64_t begin, end; int tp_rank, tp_size; };
   for (int64_t layer : {0, 1})
     for (const Layout lay : {Layout{0, -1, 0, 1}, Layout{2, 4, 0, 1}, Layout{1, 3, 1, 2}}) {
@@ -305,8 +308,11 @@ TEST(GgufCheckpoint, KQuantExpertsAreExactCodes) {
       o.tp_rank = lay.tp_rank;
       o.tp_size = lay.tp_size;
       const MoeLayerWeights w = load_moe_layer(g, cfg, layer, o);
-      for (const auto& [got, f] : {std::pair{&w.w13, want[layer].w13}, std::pair{&w.w2, want[layer].w2}}) {
+      CodedFormat w2_want = want[layer].w2;
+      if (lay.tp_size > 1 && w2_want.sb_groups > 1) w2_want.sb_groups = 0;
+      for (const auto& [got, f] : {std::pair{&w.w13, want[layer].w13}, std::pair{&w.w2, w2_want}}) {
         const CodedFormat c = coded_format(*got);
+        EXPECT_EQ(c.sb_groups, f.sb_groups) << "layer " << layer;
         EXPECT_EQ(c.group, f.group) << "layer " << layer;
         EXPECT_EQ(c.bits, f.bits) << "layer " << layer;
         EXPECT_EQ(c.offsets, f.offsets) << "layer " << layer;
@@ -358,8 +364,9 @@ TEST(GgufCheckpoint, CodedLinearsAreExact) {
 
 // With every weight in its codes only the activations entering them are rounded (int8
 // per token), so the K-quant model's logits stay close to the same file dequantised to
-// f32, and its experts take the coded bytes: 4.5 bits per weight for Q4_K (half a byte
-// plus an f32 scale and offset per 32), not 32.
+// f32, and its experts take the coded bytes: 4.625 bits per weight for Q4_K (half a
+// byte, per 32 an i8 scale and a u8 min factor, per 256 an f16 d and dmin; the file:
+// 4.5), not 32.
 TEST(GgufCheckpoint, KQuantModelNearTheF32One) {
   const std::string path = kModels + "qwen3moe-kquant.gguf";
   const std::vector<std::vector<int32_t>> prompts = {{3}, {1, 4, 1, 5, 9}, {2, 6, 5, 3, 5, 8, 9, 7, 9}};
@@ -373,8 +380,11 @@ TEST(GgufCheckpoint, KQuantModelNearTheF32One) {
   const MoeConfig cfg = MoeConfig::from_hf(g.config());
   const MoeLayerWeights w = load_moe_layer(g, cfg, 0, MlpLoadOptions{});
   const int64_t E = cfg.n_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
-  EXPECT_EQ(w.w13.data.nbytes() + w.w13.w_scale.nbytes() + w.w13.w_offset.nbytes(),
-            static_cast<size_t>(E * 2 * I * H / 2 + E * 2 * I * (H / 32) * 8));
+  EXPECT_EQ(w.w13.data.nbytes() + w.w13.w_sc.nbytes() + w.w13.w_mn.nbytes() + w.w13.w_sb_d.nbytes() +
+                w.w13.w_sb_m.nbytes(),
+            static_cast<size_t>(E * 2 * I * H / 2 + E * 2 * I * (H / 32) * 2 + E * 2 * I * (H / 256) * 4));
+  EXPECT_EQ(int4_bytes_per_expert(w.w13) * E, static_cast<size_t>(E * 2 * I * H / 2 + E * 2 * I * (H / 32) * 2 +
+                                                                  E * 2 * I * (H / 256) * 4));
 }
 
 TEST(GgufCheckpoint, ConfigIsTheSources) {

@@ -72,6 +72,16 @@ struct PackedExperts {
   bool int4_zero_points = true;  // the quantiser pack_expert uses (asymmetric / symmetric)
   Tensor w_zero;    // u8 [E, n_panels * n_groups * 64], zero-point form (else undefined)
   Tensor w_offset;  // f32 [E, n_panels * n_groups * 64], offset form (else undefined)
+  // Super-block scales (GGUF's K-quants) when > 0: groups per super-block (8 of 32 or 16
+  // of 16: 256 k). Then each group's scale is D * sc and its offset M * mn, the products
+  // ggml's dequantiser forms (exact in f32), with w_scale / w_offset undefined:
+  Tensor w_sb_d;  // f16 [E, n_panels * n_superblocks * 64]: D (the block's d)
+  Tensor w_sb_m;  // f16 [E, n_panels * n_superblocks * 64]: M (dmin), offset form only
+  Tensor w_sc;    // i8 [E, n_panels * n_groups * 64]: sc (6-bit K scales; Q6_K's signed ones)
+  Tensor w_mn;    // u8 [E, n_panels * n_groups * 64]: mn (6-bit mins), offset form only
+  // (sb_groups 1: one group per super-block, w_sc / w_mn undefined: factors of 1, an f16
+  // scale and offset per group; GGUF's Q4_0, Q8_0, ... d)
+  int64_t sb_groups = 0;
 
   int64_t n_out() const { return gated ? n / 2 : n; }
   // The dtype of activation rows for these weights: bf16 for FP8 (weight-only), else dtype.

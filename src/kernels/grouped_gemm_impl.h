@@ -98,6 +98,14 @@ struct Job {
   int64_t i4_group = 0;
   int64_t i4_n_groups = 0;
   int i4_bits = 4;
+  // Super-block scales (PackedExperts::sb_groups > 0): D / M of expert 0, i4_sb_stride
+  // entries apart, [panel][super-block][64]; sc / mn as w_scale ([panel][group][64]).
+  int64_t i4_sb_groups = 0;
+  int64_t i4_sb_stride = 0;
+  const uint16_t* i4_sb_d = nullptr;
+  const uint16_t* i4_sb_m = nullptr;
+  const int8_t* i4_sc = nullptr;
+  const uint8_t* i4_mn = nullptr;
 };
 
 // One task: rows of `expert` x panels [p0, p1).

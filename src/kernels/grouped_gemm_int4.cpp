@@ -19,12 +19,13 @@ using gg::kPanel;
 bool valid_int4_group(int64_t g) { return g == 32 || g == 64 || g == 128; }
 
 bool valid_coded_format(const CodedFormat& f) {
-  return f.bits == 4 ? valid_int4_group(f.group) : f.bits == 8 && (f.group == 16 || valid_int4_group(f.group));
+  const bool groups = f.bits == 4 ? valid_int4_group(f.group) : f.bits == 8 && (f.group == 16 || valid_int4_group(f.group));
+  return groups && f.sb_groups >= 0 && f.sb_groups <= 64;
 }
 
 CodedFormat coded_format(const PackedExperts& p) {
   MOE_CHECK(p.int4_group > 0, "coded_format: the packed experts are {}, not group-coded", dtype_name(p.dtype));
-  return {p.int4_group, p.code_bits, p.w_offset.defined()};
+  return {p.int4_group, p.code_bits, p.w_offset.defined() || p.w_sb_m.defined(), p.sb_groups};
 }
 
 PackedExperts make_packed_experts_coded(int64_t n_experts, int64_t n, int64_t k, bool gated, const CodedFormat& f) {
@@ -44,13 +45,21 @@ PackedExperts make_packed_experts_coded(int64_t n_experts, int64_t n, int64_t k,
   p.expert_stride = np * (f.bits == 8 ? gg::g8_panel_bytes(k) : gg::i4_panel_bytes(k));
   // Zeroed: padding codes, zero points, offsets and scales read as 0 (see the layout).
   p.data = zeroed_huge_pages({n_experts * p.expert_stride}, DType::I8);
-  const int64_t cols = np * int4_n_groups(k, f.group) * kPanel;
-  p.w_scale = Tensor::zeros({n_experts, cols}, DType::F32);
-  if (f.offsets) {
-    p.w_offset = Tensor::zeros({n_experts, cols}, DType::F32);
+  const int64_t ng = int4_n_groups(k, f.group), cols = np * ng * kPanel;
+  if (f.sb_groups > 0) {
+    p.sb_groups = f.sb_groups;
+    const int64_t sb_cols = np * ((ng + f.sb_groups - 1) / f.sb_groups) * kPanel;
+    p.w_sb_d = Tensor::zeros({n_experts, sb_cols}, DType::F16);
+    if (f.sb_groups > 1) p.w_sc = Tensor::zeros({n_experts, cols}, DType::I8);  // 1: unit factors, not stored
+    if (f.offsets) {
+      p.w_sb_m = Tensor::zeros({n_experts, sb_cols}, DType::F16);
+      if (f.sb_groups > 1) p.w_mn = Tensor::zeros({n_experts, cols}, DType::U8);
+    }
   } else {
-    p.w_zero = Tensor::zeros({n_experts, cols}, DType::U8);
+    p.w_scale = Tensor::zeros({n_experts, cols}, DType::F32);
+    if (f.offsets) p.w_offset = Tensor::zeros({n_experts, cols}, DType::F32);
   }
+  if (!f.offsets) p.w_zero = Tensor::zeros({n_experts, cols}, DType::U8);
   return p;
 }
 
@@ -65,8 +74,9 @@ PackedExperts make_packed_experts_int4(int64_t n_experts, int64_t n, int64_t k, 
 size_t int4_bytes_per_expert(const PackedExperts& p) {
   MOE_CHECK(p.int4_group > 0, "int4_bytes_per_expert: the packed experts are not int4");
   const int64_t e = std::max<int64_t>(1, p.n_experts);
-  const size_t side = p.w_scale.nbytes() + (p.w_zero.defined() ? p.w_zero.nbytes() : 0) +
-                      (p.w_offset.defined() ? p.w_offset.nbytes() : 0);
+  size_t side = 0;
+  for (const Tensor* t : {&p.w_scale, &p.w_zero, &p.w_offset, &p.w_sb_d, &p.w_sb_m, &p.w_sc, &p.w_mn})
+    side += t->defined() ? t->nbytes() : 0;
   return p.bytes_per_expert() + side / e;
 }
 
@@ -116,7 +126,7 @@ void pack_coded_rows(PackedExperts& p, int64_t e, const uint8_t* u, const uint8_
   const bool g8 = p.code_bits == 8;
   const int64_t np = n_panels(p.n, p.gated), pb = g8 ? g8_panel_bytes(p.k) : i4_panel_bytes(p.k), K = p.k;
   const int64_t ng = int4_n_groups(K, p.int4_group), cols = np * ng * kPanel;
-  float* ws = p.w_scale.data<float>() + e * cols;
+  float* ws = scale ? p.w_scale.data<float>() + e * cols : nullptr;
   uint8_t* wz = zero ? p.w_zero.data<uint8_t>() + e * cols : nullptr;
   float* wo = offset ? p.w_offset.data<float>() + e * cols : nullptr;
   for (int64_t P = 0; P < np; ++P) {
@@ -139,12 +149,34 @@ void pack_coded_rows(PackedExperts& p, int64_t e, const uint8_t* u, const uint8_
       }
       for (int64_t G = 0; G < ng; ++G) {
         const int64_t at = (P * ng + G) * kPanel + j;
-        ws[at] = scale[row * ng + G];
+        if (ws) ws[at] = scale[row * ng + G];
         if (wz) wz[at] = zero[row * ng + G];
         if (wo) wo[at] = offset[row * ng + G];
       }
     }
   }
+}
+
+// Writes expert e's super-block fields: D (and M) [n, n_sb] f16 bits, sc (and mn) [n, ng].
+void pack_sb_rows(PackedExperts& p, int64_t e, const uint16_t* d, const uint16_t* m, const int8_t* sc,
+                  const uint8_t* mn) {
+  const int64_t np = n_panels(p.n, p.gated), ng = int4_n_groups(p.k, p.int4_group);
+  const int64_t nsb = (ng + p.sb_groups - 1) / p.sb_groups, cols = np * ng * kPanel, sb_cols = np * nsb * kPanel;
+  for (int64_t P = 0; P < np; ++P)
+    for (int j = 0; j < kPanel; ++j) {
+      const int64_t row = panel_col_to_row(p, P, j);
+      if (row < 0) continue;
+      for (int64_t B = 0; B < nsb; ++B) {
+        const int64_t at = e * sb_cols + (P * nsb + B) * kPanel + j;
+        p.w_sb_d.data<uint16_t>()[at] = d[row * nsb + B];
+        if (m) p.w_sb_m.data<uint16_t>()[at] = m[row * nsb + B];
+      }
+      for (int64_t G = 0; sc && G < ng; ++G) {
+        const int64_t at = e * cols + (P * ng + G) * kPanel + j;
+        p.w_sc.data<int8_t>()[at] = sc[row * ng + G];
+        if (mn) p.w_mn.data<uint8_t>()[at] = mn[row * ng + G];
+      }
+    }
 }
 
 void check_int4(const PackedExperts& p, int64_t e, const char* what) {
@@ -160,17 +192,25 @@ void fill_job_i4(const PackedExperts& p, Job& j) {
   j.i4_group = p.int4_group;
   j.i4_bits = p.code_bits;
   j.q_stride = n_panels(p.n, p.gated) * j.i4_n_groups * kPanel;
-  j.w_scale = p.w_scale.data<float>();
+  j.w_scale = p.w_scale.defined() ? p.w_scale.data<float>() : nullptr;
   j.w_comp = nullptr;
   j.i4_zero = p.w_zero.defined() ? p.w_zero.data<uint8_t>() : nullptr;
   j.i4_offset = p.w_offset.defined() ? p.w_offset.data<float>() : nullptr;
+  j.i4_sb_groups = p.sb_groups;
+  if (p.sb_groups > 0) {
+    j.i4_sb_stride = p.w_sb_d.dim(1);
+    j.i4_sb_d = p.w_sb_d.data<uint16_t>();
+    j.i4_sb_m = p.w_sb_m.defined() ? p.w_sb_m.data<uint16_t>() : nullptr;
+    j.i4_sc = p.w_sc.defined() ? p.w_sc.data<int8_t>() : nullptr;
+    j.i4_mn = p.w_mn.defined() ? p.w_mn.data<uint8_t>() : nullptr;
+  }
 }
 
 void pack_expert_i4(PackedExperts& p, int64_t e, const Tensor& w) {
   check_int4(p, e, "pack_expert (int4)");
-  MOE_CHECK(p.code_bits == 4 && !p.w_offset.defined(), "pack_expert: these experts hold {}-bit codes{} as GGUF "
-            "stores them; they are packed from their codes (pack_expert_coded), not quantised from floats", p.code_bits,
-            p.w_offset.defined() ? " with offsets" : "");
+  MOE_CHECK(p.code_bits == 4 && !p.w_offset.defined() && p.sb_groups == 0, "pack_expert: these experts hold "
+            "{}-bit codes{} as GGUF stores them; they are packed from their codes (pack_expert_coded), not quantised "
+            "from floats", p.code_bits, p.w_offset.defined() || p.sb_groups > 0 ? " with offsets or super-blocks" : "");
   Tensor wf = w.to(DType::F32);  // a copy: the smooth vector is folded in below
   float* W = wf.data<float>();
   const int64_t N = p.n, K = p.k, g = p.int4_group, ng = int4_n_groups(K, g);
@@ -260,9 +300,17 @@ void run_task_portable_coded(const Job& j, const Task& t) {
     for (int64_t P = t.p0; P < t.p1; ++P) {
       const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
       const int64_t q0 = t.expert * j.q_stride + P * ng * kPanel;
-      const float* ws = j.w_scale + q0;
       const uint8_t* wz = j.i4_zero ? j.i4_zero + q0 : nullptr;
+      const float* ws = j.w_scale ? j.w_scale + q0 : nullptr;
       const float* wo = j.i4_offset ? j.i4_offset + q0 : nullptr;
+      std::vector<float> sb_s, sb_o;
+      if (j.i4_sb_groups > 0) {
+        sb_s.resize(static_cast<size_t>(ng * kPanel));
+        sb_o.resize(j.i4_sb_m ? sb_s.size() : 0);
+        i4_expand_panel(j, t.expert, P, sb_s.data(), sb_o.data());
+        ws = sb_s.data();
+        wo = j.i4_sb_m ? sb_o.data() : nullptr;
+      }
       float acc[kI4MaxRows][kPanel] = {};
       for (int64_t G = 0; G < ng; ++G) {
         int32_t dot[kI4MaxRows][kPanel] = {};
@@ -302,8 +350,8 @@ void run_task_portable_g8(const Job& j, const Task& t) { run_task_portable_coded
 
 void pack_expert_q4(PackedExperts& p, int64_t e, const Tensor& u, const Tensor& zero, const Tensor& scale) {
   gg::check_int4(p, e, "pack_expert_q4");
-  MOE_CHECK(p.code_bits == 4 && p.w_zero.defined(), "pack_expert_q4: the packed experts hold {}-bit codes{} (use "
-            "pack_expert_coded)", p.code_bits, p.w_offset.defined() ? " with offsets" : "");
+  MOE_CHECK(p.code_bits == 4 && p.w_zero.defined() && p.sb_groups == 0, "pack_expert_q4: the packed experts hold "
+            "{}-bit codes{} (use pack_expert_coded)", p.code_bits, p.w_offset.defined() ? " with offsets" : "");
   const int64_t ng = int4_n_groups(p.k, p.int4_group);
   MOE_CHECK(u.dtype() == DType::U8 && u.ndim() == 2 && u.dim(0) == p.n && u.dim(1) == p.k,
             "pack_expert_q4: expected u8 codes [{}, {}], got {}", p.n, p.k, u.describe());
@@ -354,35 +402,64 @@ void unpack_expert_q4(const PackedExperts& p, int64_t e, Tensor& u, Tensor& zero
 void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w) {
   gg::check_int4(p, e, "pack_expert_coded");
   const int64_t ng = int4_n_groups(p.k, p.int4_group);
-  const bool off = p.w_offset.defined();
+  const bool sb = p.sb_groups > 0, off = p.w_offset.defined() || p.w_sb_m.defined();
+  const int64_t nsb = sb ? (ng + p.sb_groups - 1) / p.sb_groups : 0;
   auto check = [&](const Tensor& t, DType dt, int64_t cols, const char* what) {
     MOE_CHECK(t.defined() && t.dtype() == dt && t.ndim() == 2 && t.dim(0) == p.n && t.dim(1) == cols,
               "pack_expert_coded: expected {} {} [{}, {}], got {}", what, dtype_name(dt), p.n, cols,
               t.defined() ? t.describe() : std::string("none"));
   };
+  auto dense = [](const Tensor& t) { return !t.defined() || t.is_contiguous() ? t : t.clone(); };
   check(w.u, DType::U8, p.k, "codes");
-  check(w.scale, DType::F32, ng, "scales");
-  check(off ? w.offset : w.zero, off ? DType::F32 : DType::U8, ng, off ? "offsets" : "zero points");
-  auto dense = [](const Tensor& t) { return t.is_contiguous() ? t : t.clone(); };
-  const Tensor uc = dense(w.u), sc = dense(w.scale), side = dense(off ? w.offset : w.zero);
+  const Tensor uc = dense(w.u);
   const int limit = 1 << p.code_bits;
   const uint8_t* up = uc.data<uint8_t>();
   for (int64_t i = 0, n = uc.numel(); i < n; ++i)
     MOE_CHECK(up[i] < limit, "pack_expert_coded: code {} of expert {} is {} (must be in [0, {}))", i, e, int(up[i]),
               limit);
+  Tensor zc;
+  if (!off) {
+    check(w.zero, DType::U8, ng, "zero points");
+    zc = dense(w.zero);
+    const uint8_t* zp = zc.data<uint8_t>();
+    for (int64_t i = 0, n = zc.numel(); i < n; ++i)
+      MOE_CHECK(zp[i] < limit, "pack_expert_coded: zero point {} of expert {} is {} (must be in [0, {}))", i, e,
+                int(zp[i]), limit);
+  }
+  const uint8_t* zp = off ? nullptr : zc.data<uint8_t>();
+  if (sb) {
+    const bool factors = p.sb_groups > 1;  // one group per super-block: unit factors, none given
+    check(w.sb_d, DType::F16, nsb, "super-block scales D");
+    if (factors) check(w.sc, DType::I8, ng, "group scales sc");
+    if (off) {
+      check(w.sb_m, DType::F16, nsb, "super-block mins M");
+      if (factors) check(w.mn, DType::U8, ng, "group mins mn");
+    }
+    const Tensor d = dense(w.sb_d), m = dense(w.sb_m), sc = dense(w.sc), mn = dense(w.mn);
+    for (const Tensor* t : {&d, &m}) {
+      if (!t->defined()) continue;
+      for (int64_t i = 0, n = t->numel(); i < n; ++i)
+        MOE_CHECK(std::isfinite(f16_to_f32(t->data<uint16_t>()[i])), "pack_expert_coded: super-block {} {} of expert "
+                  "{} is {} (must be finite)", t == &d ? "scale" : "min", i, e, f16_to_f32(t->data<uint16_t>()[i]));
+    }
+    gg::pack_coded_rows(p, e, up, zp, nullptr, nullptr);
+    gg::pack_sb_rows(p, e, d.data<uint16_t>(), off ? m.data<uint16_t>() : nullptr,
+                     factors ? sc.data<int8_t>() : nullptr, factors && off ? mn.data<uint8_t>() : nullptr);
+    return;
+  }
+  check(w.scale, DType::F32, ng, "scales");
+  const Tensor sc = dense(w.scale);
   const float* sp = sc.data<float>();
   for (int64_t i = 0, n = sc.numel(); i < n; ++i)
     MOE_CHECK(std::isfinite(sp[i]), "pack_expert_coded: scale {} of expert {} is {} (must be finite)", i, e, sp[i]);
   if (off) {
-    const float* op = side.data<float>();
-    for (int64_t i = 0, n = side.numel(); i < n; ++i)
+    check(w.offset, DType::F32, ng, "offsets");
+    const Tensor oc = dense(w.offset);
+    const float* op = oc.data<float>();
+    for (int64_t i = 0, n = oc.numel(); i < n; ++i)
       MOE_CHECK(std::isfinite(op[i]), "pack_expert_coded: offset {} of expert {} is {} (must be finite)", i, e, op[i]);
     gg::pack_coded_rows(p, e, up, nullptr, op, sp);
   } else {
-    const uint8_t* zp = side.data<uint8_t>();
-    for (int64_t i = 0, n = side.numel(); i < n; ++i)
-      MOE_CHECK(zp[i] < limit, "pack_expert_coded: zero point {} of expert {} is {} (must be in [0, {}))", i, e,
-                int(zp[i]), limit);
     gg::pack_coded_rows(p, e, up, zp, nullptr, sp);
   }
 }
@@ -392,13 +469,24 @@ CodedWeight unpack_expert_coded(const PackedExperts& p, int64_t e) {
   const bool g8 = p.code_bits == 8;
   const int64_t np = gg::n_panels(p.n, p.gated), pb = g8 ? gg::g8_panel_bytes(p.k) : gg::i4_panel_bytes(p.k), K = p.k;
   const int64_t ng = int4_n_groups(K, p.int4_group), cols = np * ng * kPanel;
+  const bool sb = p.sb_groups > 0, off = p.w_offset.defined() || p.w_sb_m.defined();
+  const int64_t nsb = sb ? (ng + p.sb_groups - 1) / p.sb_groups : 0, sb_cols = np * nsb * kPanel;
   CodedWeight w;
   w.u = Tensor::zeros({p.n, K}, DType::U8);
   w.scale = Tensor::zeros({p.n, ng}, DType::F32);
-  if (p.w_offset.defined()) {
+  if (off) {
     w.offset = Tensor::zeros({p.n, ng}, DType::F32);
   } else {
     w.zero = Tensor::zeros({p.n, ng}, DType::U8);
+  }
+  const bool factors = p.sb_groups > 1;
+  if (sb) {
+    w.sb_d = Tensor::zeros({p.n, nsb}, DType::F16);
+    if (factors) w.sc = Tensor::zeros({p.n, ng}, DType::I8);
+    if (off) {
+      w.sb_m = Tensor::zeros({p.n, nsb}, DType::F16);
+      if (factors) w.mn = Tensor::zeros({p.n, ng}, DType::U8);
+    }
   }
   for (int64_t P = 0; P < np; ++P) {
     const uint8_t* src = static_cast<const uint8_t*>(p.data.raw()) + e * p.expert_stride + P * pb;
@@ -409,10 +497,35 @@ CodedWeight unpack_expert_coded(const PackedExperts& p, int64_t e) {
       for (int64_t k = 0; k < K; ++k)
         ur[k] = g8 ? src[gg::g8_byte(k, j)] : static_cast<uint8_t>((src[gg::i4_byte(k, j)] >> gg::i4_shift(k)) & 0x0f);
       for (int64_t G = 0; G < ng; ++G) {
-        const int64_t at = e * cols + (P * ng + G) * kPanel + j;
-        w.scale.data<float>()[row * ng + G] = p.w_scale.data<float>()[at];
-        if (w.offset.defined()) w.offset.data<float>()[row * ng + G] = p.w_offset.data<float>()[at];
-        if (w.zero.defined()) w.zero.data<uint8_t>()[row * ng + G] = p.w_zero.data<uint8_t>()[at];
+        const int64_t at = e * cols + (P * ng + G) * kPanel + j, r = row * ng + G;
+        if (w.zero.defined()) w.zero.data<uint8_t>()[r] = p.w_zero.data<uint8_t>()[at];
+        if (!sb) {
+          w.scale.data<float>()[r] = p.w_scale.data<float>()[at];
+          if (off) w.offset.data<float>()[r] = p.w_offset.data<float>()[at];
+          continue;
+        }
+        // The effective values, as gg::i4_expand_panel forms them: D * sc, M * mn.
+        const int64_t sat = e * sb_cols + (P * nsb + G / p.sb_groups) * kPanel + j, sr = row * nsb + G / p.sb_groups;
+        const uint16_t d = p.w_sb_d.data<uint16_t>()[sat];
+        w.sb_d.data<uint16_t>()[sr] = d;
+        if (factors) {
+          const int8_t sc = p.w_sc.data<int8_t>()[at];
+          w.sc.data<int8_t>()[r] = sc;
+          w.scale.data<float>()[r] = f16_to_f32(d) * static_cast<float>(sc);
+        } else {
+          w.scale.data<float>()[r] = f16_to_f32(d);
+        }
+        if (off) {
+          const uint16_t m = p.w_sb_m.data<uint16_t>()[sat];
+          w.sb_m.data<uint16_t>()[sr] = m;
+          if (factors) {
+            const uint8_t mn = p.w_mn.data<uint8_t>()[at];
+            w.mn.data<uint8_t>()[r] = mn;
+            w.offset.data<float>()[r] = f16_to_f32(m) * static_cast<float>(mn);
+          } else {
+            w.offset.data<float>()[r] = f16_to_f32(m);
+          }
+        }
       }
     }
   }

@@ -74,6 +74,12 @@ struct CodedFormat {
   int64_t group = 32;
   int bits = 4;          // 4 or 8
   bool offsets = false;  // offset form (else zero points)
+  // > 0: super-block scales (PackedExperts::sb_groups): per group an i8 sc (and a u8 mn),
+  // per sb_groups groups an f16 D (and M); scale = D * sc, offset = M * mn. GGUF's
+  // K-quants store exactly this (Q4_K: 4.6 bits per weight in memory instead of 6).
+  // 1: one group per super-block, the factors 1 and not stored: an f16 scale (and
+  // offset) per group, GGUF's Q4_0 / Q8_0 / Q5_0 d and Q4_1 / Q5_1 d and -m exactly.
+  int64_t sb_groups = 0;
 };
 bool valid_coded_format(const CodedFormat& f);
 CodedFormat coded_format(const PackedExperts& p);  // p must be group-coded (int4_group > 0)
@@ -84,10 +90,16 @@ PackedExperts make_packed_experts_coded(int64_t n_experts, int64_t n, int64_t k,
 // undefined.
 struct CodedWeight {
   Tensor u, scale, zero, offset;
+  // Super-block form instead of scale / offset: sb_d, sb_m F16 [n, n_superblocks];
+  // sc I8 and mn U8 [n, n_groups] (sb_m and mn in the offset form only; sc and mn not
+  // with one group per super-block).
+  Tensor sb_d, sb_m, sc, mn;
 };
 // Packs expert e of p (make_packed_experts_coded) from w, checking every code, zero
 // point, scale and offset (errors name the expert and the index).
 void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w);
+// Expert e as stored; in the super-block form also its effective scale (and offset),
+// D * sc and M * mn, as the GEMM uses them.
 CodedWeight unpack_expert_coded(const PackedExperts& p, int64_t e);
 
 }  // namespace moe

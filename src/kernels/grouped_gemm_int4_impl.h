@@ -26,6 +26,12 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "core/dtype.h"
+
 #include "kernels/grouped_gemm_generic.h"
 #include "kernels/grouped_gemm_impl.h"
 
@@ -76,6 +82,51 @@ inline void i4_epilogue_row(const Job& j, const float* acc, float a_scale, char*
   scalar_epilogue_row(j, t, crow, col0, nv);
 }
 
+// Super-block form: the f32 scales (and offsets) of one panel's groups, [group][64],
+// expanded from D * sc and M * mn into s / o (the runners then read them as the plain
+// form's w_scale / w_offset: the same values, so the same bits). Called per panel, so
+// the weight stream stays the compact one; ~2 products per group and column against
+// the group's 32 (or 16) multiply-adds per row.
+inline void i4_expand_panel(const Job& j, int64_t expert, int64_t P, float* s, float* o) {
+  const int64_t ng = j.i4_n_groups, gps = j.i4_sb_groups, nsb = (ng + gps - 1) / gps;
+  const uint16_t* d = j.i4_sb_d + expert * j.i4_sb_stride + P * nsb * kPanel;
+  const uint16_t* m = j.i4_sb_m ? j.i4_sb_m + expert * j.i4_sb_stride + P * nsb * kPanel : nullptr;
+  const int8_t* sc = j.i4_sc ? j.i4_sc + expert * j.q_stride + P * ng * kPanel : nullptr;
+  const uint8_t* mn = j.i4_mn ? j.i4_mn + expert * j.q_stride + P * ng * kPanel : nullptr;
+  // f16 -> f32 and int -> f32 are exact, so every ISA forms the same products.
+  // (q8, u8 both null: one group per super-block, unit factors, the f16 value itself.)
+  auto row = [](const uint16_t* h, const int8_t* q8, const uint8_t* u8, float* out) {
+    const void* f = q8 ? static_cast<const void*>(q8) : u8;
+#if defined(__AVX512F__)
+    for (int c = 0; c < kPanel; c += 16) {
+      __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + c)));
+      if (f) {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(f) + c));
+        v = _mm512_mul_ps(v, _mm512_cvtepi32_ps(q8 ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b)));
+      }
+      _mm512_storeu_ps(out + c, v);
+    }
+#elif defined(__AVX2__) && defined(__F16C__)
+    for (int c = 0; c < kPanel; c += 8) {
+      __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + c)));
+      if (f) {
+        const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(f) + c));
+        v = _mm256_mul_ps(v, _mm256_cvtepi32_ps(q8 ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b)));
+      }
+      _mm256_storeu_ps(out + c, v);
+    }
+#else
+    for (int c = 0; c < kPanel; ++c)
+      out[c] = f ? f16_to_f32(h[c]) * static_cast<float>(q8 ? int(q8[c]) : int(u8[c])) : f16_to_f32(h[c]);
+#endif
+  };
+
+  for (int64_t G = 0; G < ng; ++G) {
+    row(d + (G / gps) * kPanel, sc ? sc + G * kPanel : nullptr, nullptr, s + G * kPanel);
+    if (m) row(m + (G / gps) * kPanel, nullptr, mn ? mn + G * kPanel : nullptr, o + G * kPanel);
+  }
+}
+
 // The task driver the ISA runners share. K supplies kMaxRows and
 //   template <int MR, bool kPrefetch> static void panel_block(const Job&, const uint8_t* panel,
 //       const float* ws, const uint8_t* wz, const float* wo, const int8_t* const* a,
@@ -98,10 +149,18 @@ void i4_rows_block(const Job& j, const Task& t, int64_t row0, const int8_t* cons
   const int64_t per = j.gated ? kGateCols : kPanel, ng = j.i4_n_groups;
   for (int64_t P = t.p0; P < t.p1; ++P) {
     const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
-    const float* ws = j.w_scale + t.expert * j.q_stride + P * ng * kPanel;
     const int64_t q0 = t.expert * j.q_stride + P * ng * kPanel;
     const uint8_t* wz = j.i4_zero ? j.i4_zero + q0 : nullptr;
+    const float* ws = j.w_scale ? j.w_scale + q0 : nullptr;
     const float* wo = j.i4_offset ? j.i4_offset + q0 : nullptr;
+    thread_local std::vector<float> sb_s, sb_o;
+    if (j.i4_sb_groups > 0) {
+      sb_s.resize(static_cast<size_t>(ng * kPanel));
+      sb_o.resize(j.i4_sb_m ? sb_s.size() : 0);
+      i4_expand_panel(j, t.expert, P, sb_s.data(), sb_o.data());
+      ws = sb_s.data();
+      wo = j.i4_sb_m ? sb_o.data() : nullptr;
+    }
     alignas(64) float acc[MR][kPanel] = {};
     K::template panel_block<MR, kPrefetch>(j, panel, ws, wz, wo, a, sa, acc);
     for (int r = 0; r < MR; ++r) {

@@ -81,6 +81,10 @@ struct Block {
   uint8_t q[kQK];  // codes in [0, 2^bits), one per weight of the block
   float d[16];     // per group
   float m[16];     // per group (MinusMin, PlusMin)
+  // The K-quants' factors of d and m: d[g] = f16(d_bits) * sc[g], m[g] = f16(m_bits) * mn[g].
+  uint16_t d_bits = 0, m_bits = 0;
+  int8_t sc[16] = {};
+  uint8_t mn[16] = {};
 };
 
 Format format_of(GgmlType t) {
@@ -133,6 +137,8 @@ void k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
 // a fifth bit, bit k of qh[l] for weight l of sub-block k.
 void unpack_k45(const uint8_t* b, bool five, Block* out) {
   const float d = half_at(b), dmin = half_at(b + 2);
+  out->d_bits = le16(b);
+  out->m_bits = le16(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
   const uint8_t* qs = five ? b + 16 + 32 : b + 16;
@@ -141,6 +147,8 @@ void unpack_k45(const uint8_t* b, bool five, Block* out) {
     k_scale_min(scales, sb, &sc, &mn);
     out->d[sb] = d * static_cast<float>(sc);    // ggml: d1 = d * sc
     out->m[sb] = dmin * static_cast<float>(mn);  // ggml: m1 = min * m
+    out->sc[sb] = static_cast<int8_t>(sc);       // 6 bits: fits
+    out->mn[sb] = static_cast<uint8_t>(mn);
     const uint8_t* src = qs + 32 * (sb / 2);
     const int shift = (sb % 2) * 4;
     for (int l = 0; l < 32; ++l) {
@@ -161,10 +169,12 @@ void unpack_q6_k(const uint8_t* b, Block* out) {
   const uint8_t* qh = b + 128;
   const uint8_t* scales = b + 128 + 64;
   const float d = half_at(b + 128 + 64 + 16);
+  out->d_bits = le16(b + 128 + 64 + 16);
   for (int g = 0; g < 16; ++g) {
     const auto sc = static_cast<int8_t>(scales[g]);
     out->d[g] = d * static_cast<float>(sc);
     out->m[g] = 0.0f;
+    out->sc[g] = sc;
   }
   for (int h = 0; h < 2; ++h)
     for (int k = 0; k < 4; ++k)
@@ -344,6 +354,36 @@ void decompose_row(GgmlType t, const void* src, int64_t n, const RowGroups& out)
       }
       out.scale[b * groups_per_block + g] = d;
       out.offset[b * groups_per_block + g] = off;
+    }
+  }
+}
+
+std::optional<int> superblock_groups(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K: case GgmlType::Q5_K: return 8;
+    case GgmlType::Q6_K: return 16;
+    default: return std::nullopt;
+  }
+}
+
+// The factors unpack_k45 / unpack_q6_k read, per block: decompose_row's scale is
+// f16(d) * sc and its offset f16(dmin) * mn (Q6_K: offset zero * scale, no mins).
+void decompose_row_sb(GgmlType t, const void* src, int64_t n, const RowSuperBlocks& out) {
+  MOE_CHECK(superblock_groups(t).has_value(), "decompose_row_sb: type {} has no super-blocks (expected Q4_K, Q5_K "
+            "or Q6_K)", ggml_type_name(t));
+  check_row(t, n, "decompose_row_sb");
+  const GgmlTypeInfo& info = ggml_type_info(t);
+  const int64_t gps = *superblock_groups(t);
+  const auto* p = static_cast<const uint8_t*>(src);
+  Block blk;
+  for (int64_t b = 0; b < n / info.block_size; ++b) {
+    unpack(t, p + b * info.block_bytes, &blk);
+    std::memcpy(out.q + b * info.block_size, blk.q, static_cast<size_t>(info.block_size));
+    out.d[b] = blk.d_bits;
+    if (out.m) out.m[b] = blk.m_bits;
+    for (int64_t g = 0; g < gps; ++g) {
+      out.sc[b * gps + g] = blk.sc[g];
+      if (out.mn) out.mn[b * gps + g] = blk.mn[g];
     }
   }
 }

@@ -100,4 +100,20 @@ struct RowGroups {
 // block size.
 void decompose_row(GgmlType t, const void* src, int64_t n, const RowGroups& out);
 
+// The K-quants' super-blocks (256 weights): groups per super-block, 8 for Q4_K / Q5_K
+// (groups of 32), 16 for Q6_K (groups of 16); nullopt for the other types.
+std::optional<int> superblock_groups(GgmlType t);
+// Where decompose_row_sb writes one row of n weights (n / 256 blocks).
+struct RowSuperBlocks {
+  uint8_t* q = nullptr;    // [n] codes, as decompose_row's
+  uint16_t* d = nullptr;   // [n / 256] the block's f16 d (bits)
+  uint16_t* m = nullptr;   // [n / 256] its f16 dmin (Q4_K, Q5_K; null for Q6_K)
+  int8_t* sc = nullptr;    // [n / group] each group's scale factor (6-bit; Q6_K's signed 8-bit)
+  uint8_t* mn = nullptr;   // [n / group] each group's min factor (Q4_K, Q5_K; null for Q6_K)
+};
+// Splits one row of a K-quant into codes and the factors of decompose_row's scales and
+// offsets: for group g of block b, decompose_row's scale is f16_to_f32(d[b]) * sc[g] and
+// its offset f16_to_f32(m[b]) * mn[g] (Q6_K: 32 * scale), the same f32 products.
+void decompose_row_sb(GgmlType t, const void* src, int64_t n, const RowSuperBlocks& out);
+
 }  // namespace moe::gguf
