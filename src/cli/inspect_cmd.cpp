@@ -135,13 +135,13 @@ int run_inspect(const InspectOptions& opts) {
   if (o.attn_tp > 1)
     fmt::print("  read plan for --ep {} --attn-tp {} ({} rank{}; attention heads, shared experts, dense MLPs and the "
                "vocabulary (embedding and lm_head rows) split over the {} ranks, routed experts whole on their EP "
-               "rank, routers whole; experts at --dtype {} in memory, int4 ones (GPTQ, AWQ, compressed-tensors, GGUF "
-               "Q4_0) in int4):\n",
+               "rank, routers whole; experts at --dtype {} in memory, int4 ones (GPTQ, AWQ, compressed-tensors) in "
+               "int4, GGUF quantised ones in their codes):\n",
                o.ep, o.attn_tp, plans.size(), plans.size() == 1 ? "" : "s", o.attn_tp, dtype_name(compute));
   else
     fmt::print("  read plan for --ep {} --tp {} ({} rank{}; attention heads and each expert's I split over --tp, the "
                "other non-expert tensors replicated; experts at --dtype {} in memory, int4 ones (GPTQ, AWQ, "
-               "compressed-tensors, GGUF Q4_0) in int4):\n",
+               "compressed-tensors) in int4, GGUF quantised ones in their codes):\n",
                o.ep, o.tp, plans.size(), plans.size() == 1 ? "" : "s", dtype_name(compute));
   fmt::print("    {:>4} {:>3} {:>3} {:>12} {:>12} {:>12} {:>12} {:>7} {:>14}\n", "rank", "ep", "tp", "experts",
              "non-expert", "experts", "read", "of file", "expert memory");

@@ -83,8 +83,8 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
                   "activation scales over that slice), so the logits are close to, not equal to, one rank's. "
                   "w4a8 = 4-bit weights with a scale and zero point per --int4-group input values of each output "
                   "channel, and the same int8 activations (and dispatch rows) as w8a8. none: the experts as the "
-                  "checkpoint stores them (a GGUF's Q4_0 experts stay 4-bit, W4A8 with groups of 32, exactly; its "
-                  "other quantised types are dequantised to --dtype)")
+                  "checkpoint stores them (a GGUF's quantised experts keep their codes, exactly: Q4_0, Q4_1 and Q4_K "
+                  "in 4 bits, Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 in 8, with the file's scales and int8 activations)")
       ->check(CLI::IsMember({"none", "w8a8", "w4a8"}))
       ->capture_default_str();
   cmd->add_option("--int4-group", o.int4_group,
@@ -103,8 +103,8 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
                   "a slower GEMM at prefill) and the same int8 inputs. Attention and lm_head are half the bytes a decode step "
                   "reads in a 4-layer Qwen3-30B-A3B-shaped model, so with quantised experts they set the pace. The "
                   "attention itself (scores, softmax, KV cache), norms, router and embedding stay f32/--dtype. none: "
-                  "as stored (a GGUF's Q4_0 linears stay 4-bit, exactly: fewer bytes per decode step than int8, but "
-                  "about half int8's prefill speed; its other quantised types are dequantised to --dtype)")
+                  "as stored (a GGUF's quantised linears keep their codes, exactly, as its experts do: fewer bytes "
+                  "per decode step than int8 for the 4-bit types, a slower GEMM at prefill)")
       ->check(CLI::IsMember({"none", "w8a8", "w4a8"}))
       ->capture_default_str();
   cmd->add_option("--max-seq-len", o.max_seq_len,
