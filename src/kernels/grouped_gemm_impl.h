@@ -92,12 +92,11 @@ struct Job {
   int64_t f8_kb_pairs = 0;
   // I8 with group-coded weights (grouped_gemm_int4_impl.h): w_scale and q_stride as above
   // but indexed [panel][group][64]; zero points or offsets alike (one of the two is set);
-  // k values per group; groups per column; bits per code (4 or 8).
+  // k values per group; groups per column (the code width picks the runner).
   const uint8_t* i4_zero = nullptr;
   const float* i4_offset = nullptr;
   int64_t i4_group = 0;
   int64_t i4_n_groups = 0;
-  int i4_bits = 4;
   // Super-block scales (PackedExperts::sb_groups > 0): D / M of expert 0, i4_sb_stride
   // entries apart, [panel][super-block][64]; sc / mn as w_scale ([panel][group][64]).
   int64_t i4_sb_groups = 0;

@@ -190,7 +190,6 @@ void fill_job_i4(const PackedExperts& p, Job& j) {
   j.panel_stride = p.code_bits == 8 ? g8_panel_bytes(p.k) : i4_panel_bytes(p.k);
   j.i4_n_groups = int4_n_groups(p.k, p.int4_group);
   j.i4_group = p.int4_group;
-  j.i4_bits = p.code_bits;
   j.q_stride = n_panels(p.n, p.gated) * j.i4_n_groups * kPanel;
   j.w_scale = p.w_scale.defined() ? p.w_scale.data<float>() : nullptr;
   j.w_comp = nullptr;
@@ -290,6 +289,7 @@ void run_task_portable_coded(const Job& j, const Task& t) {
   const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0;
   const int64_t per = j.gated ? kGateCols : kPanel, K = j.k, ng = j.i4_n_groups, g = j.i4_group;
   std::vector<int32_t> sa(kI4MaxRows * ng);
+  const I4TaskSides sides(j, t);
   for (int64_t rb = 0; rb < rows; rb += kI4MaxRows) {
     const int mr = static_cast<int>(std::min<int64_t>(kI4MaxRows, rows - rb));
     const int8_t* a[kI4MaxRows];
@@ -299,18 +299,9 @@ void run_task_portable_coded(const Job& j, const Task& t) {
     }
     for (int64_t P = t.p0; P < t.p1; ++P) {
       const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
-      const int64_t q0 = t.expert * j.q_stride + P * ng * kPanel;
-      const uint8_t* wz = j.i4_zero ? j.i4_zero + q0 : nullptr;
-      const float* ws = j.w_scale ? j.w_scale + q0 : nullptr;
-      const float* wo = j.i4_offset ? j.i4_offset + q0 : nullptr;
-      std::vector<float> sb_s, sb_o;
-      if (j.i4_sb_groups > 0) {
-        sb_s.resize(static_cast<size_t>(ng * kPanel));
-        sb_o.resize(j.i4_sb_m ? sb_s.size() : 0);
-        i4_expand_panel(j, t.expert, P, sb_s.data(), sb_o.data());
-        ws = sb_s.data();
-        wo = j.i4_sb_m ? sb_o.data() : nullptr;
-      }
+      const float *ws, *wo;
+      const uint8_t* wz;
+      sides.panel(P, &ws, &wz, &wo);
       float acc[kI4MaxRows][kPanel] = {};
       for (int64_t G = 0; G < ng; ++G) {
         int32_t dot[kI4MaxRows][kPanel] = {};

@@ -84,9 +84,9 @@ inline void i4_epilogue_row(const Job& j, const float* acc, float a_scale, char*
 
 // Super-block form: the f32 scales (and offsets) of one panel's groups, [group][64],
 // expanded from D * sc and M * mn into s / o (the runners then read them as the plain
-// form's w_scale / w_offset: the same values, so the same bits). Called per panel, so
-// the weight stream stays the compact one; ~2 products per group and column against
-// the group's 32 (or 16) multiply-adds per row.
+// form's w_scale / w_offset: the same values, so the same bits). Once per task and panel
+// (I4TaskSides), so the weight stream stays the compact one; ~2 products per group and
+// column against the group's 32 (or 16) multiply-adds per row.
 inline void i4_expand_panel(const Job& j, int64_t expert, int64_t P, float* s, float* o) {
   const int64_t ng = j.i4_n_groups, gps = j.i4_sb_groups, nsb = (ng + gps - 1) / gps;
   const uint16_t* d = j.i4_sb_d + expert * j.i4_sb_stride + P * nsb * kPanel;
@@ -127,6 +127,42 @@ inline void i4_expand_panel(const Job& j, int64_t expert, int64_t P, float* s, f
   }
 }
 
+// The per-group scales, zero points and offsets of task t's panels as the runners read
+// them: pointers into the Job (plain form), or for the super-block form the task's panels
+// expanded once into this thread's buffers, which every row block of the task reuses.
+class I4TaskSides {
+ public:
+  I4TaskSides(const Job& j, const Task& t) : j_(j), t_(t) {
+    if (j.i4_sb_groups == 0) return;
+    thread_local std::vector<float> s, o;
+    const int64_t per = j.i4_n_groups * kPanel, n = (t.p1 - t.p0) * per;
+    s.resize(static_cast<size_t>(n));
+    o.resize(j.i4_sb_m ? s.size() : 0);
+    for (int64_t P = t.p0; P < t.p1; ++P)
+      i4_expand_panel(j, t.expert, P, s.data() + (P - t.p0) * per, j.i4_sb_m ? o.data() + (P - t.p0) * per : nullptr);
+    sb_s_ = s.data();
+    sb_o_ = j.i4_sb_m ? o.data() : nullptr;
+  }
+  // Panel P's [group][64] scales ws, and zero points wz or offsets wo (the other null).
+  void panel(int64_t P, const float** ws, const uint8_t** wz, const float** wo) const {
+    const int64_t per = j_.i4_n_groups * kPanel, q0 = t_.expert * j_.q_stride + P * per;
+    *wz = j_.i4_zero ? j_.i4_zero + q0 : nullptr;
+    if (sb_s_) {
+      *ws = sb_s_ + (P - t_.p0) * per;
+      *wo = sb_o_ ? sb_o_ + (P - t_.p0) * per : nullptr;
+    } else {
+      *ws = j_.w_scale + q0;
+      *wo = j_.i4_offset ? j_.i4_offset + q0 : nullptr;
+    }
+  }
+
+ private:
+  const Job& j_;
+  const Task& t_;
+  const float* sb_s_ = nullptr;
+  const float* sb_o_ = nullptr;
+};
+
 // The task driver the ISA runners share. K supplies kMaxRows and
 //   template <int MR, bool kPrefetch> static void panel_block(const Job&, const uint8_t* panel,
 //       const float* ws, const uint8_t* wz, const float* wo, const int8_t* const* a,
@@ -145,22 +181,14 @@ inline void i4_expand_panel(const Job& j, int64_t expert, int64_t P, float* s, f
 // weight stream. A row's result does not depend on its block (integer sums, then the
 // same float steps), so the blocking is free to differ between ISAs.
 template <class K, int MR, bool kPrefetch>
-void i4_rows_block(const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
-  const int64_t per = j.gated ? kGateCols : kPanel, ng = j.i4_n_groups;
+void i4_rows_block(const Job& j, const Task& t, const I4TaskSides& sides, int64_t row0, const int8_t* const* a,
+                   const int32_t* sa) {
+  const int64_t per = j.gated ? kGateCols : kPanel;
   for (int64_t P = t.p0; P < t.p1; ++P) {
     const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
-    const int64_t q0 = t.expert * j.q_stride + P * ng * kPanel;
-    const uint8_t* wz = j.i4_zero ? j.i4_zero + q0 : nullptr;
-    const float* ws = j.w_scale ? j.w_scale + q0 : nullptr;
-    const float* wo = j.i4_offset ? j.i4_offset + q0 : nullptr;
-    thread_local std::vector<float> sb_s, sb_o;
-    if (j.i4_sb_groups > 0) {
-      sb_s.resize(static_cast<size_t>(ng * kPanel));
-      sb_o.resize(j.i4_sb_m ? sb_s.size() : 0);
-      i4_expand_panel(j, t.expert, P, sb_s.data(), sb_o.data());
-      ws = sb_s.data();
-      wo = j.i4_sb_m ? sb_o.data() : nullptr;
-    }
+    const float *ws, *wo;
+    const uint8_t* wz;
+    sides.panel(P, &ws, &wz, &wo);
     alignas(64) float acc[MR][kPanel] = {};
     K::template panel_block<MR, kPrefetch>(j, panel, ws, wz, wo, a, sa, acc);
     for (int r = 0; r < MR; ++r) {
@@ -173,11 +201,12 @@ void i4_rows_block(const Job& j, const Task& t, int64_t row0, const int8_t* cons
 
 // i4_rows_block for a run-time row count mr in [1, K::kMaxRows].
 template <class K, bool kPrefetch, int MR = 1>
-void i4_run_rows(int mr, const Job& j, const Task& t, int64_t row0, const int8_t* const* a, const int32_t* sa) {
+void i4_run_rows(int mr, const Job& j, const Task& t, const I4TaskSides& sides, int64_t row0, const int8_t* const* a,
+                 const int32_t* sa) {
   if constexpr (MR < K::kMaxRows) {
-    if (mr > MR) return i4_run_rows<K, kPrefetch, MR + 1>(mr, j, t, row0, a, sa);
+    if (mr > MR) return i4_run_rows<K, kPrefetch, MR + 1>(mr, j, t, sides, row0, a, sa);
   }
-  i4_rows_block<K, MR, kPrefetch>(j, t, row0, a, sa);
+  i4_rows_block<K, MR, kPrefetch>(j, t, sides, row0, a, sa);
 }
 
 template <class K>
@@ -186,6 +215,7 @@ void i4_run_task(const Job& j, const Task& t) {
   // Group sums of one row block (kMaxRows x 7168 / 32 ints at most: a few KiB).
   thread_local std::vector<int32_t> sa;
   sa.resize(static_cast<size_t>(K::kMaxRows * ng));
+  const I4TaskSides sides(j, t);
   const bool decode = rows <= kDecodeMaxRows;
   const int64_t nb = (rows + K::kMaxRows - 1) / K::kMaxRows;
   int64_t rb = 0;
@@ -197,9 +227,9 @@ void i4_run_task(const Job& j, const Task& t) {
       K::group_sums(a[r], j.k, j.i4_group, ng, sa.data() + r * ng);
     }
     if (decode) {
-      i4_run_rows<K, true>(mr, j, t, r0 + rb, a, sa.data());
+      i4_run_rows<K, true>(mr, j, t, sides, r0 + rb, a, sa.data());
     } else {
-      i4_run_rows<K, false>(mr, j, t, r0 + rb, a, sa.data());
+      i4_run_rows<K, false>(mr, j, t, sides, r0 + rb, a, sa.data());
     }
     rb += mr;
   }

@@ -476,7 +476,7 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
       gguf_f2 = f2;
     }
   }
-  const bool gguf_q4 = gguf_f13.has_value();
+  const bool gguf_coded = gguf_f13.has_value();
   // GPTQ / AWQ / compressed-tensors int4 experts stay 4-bit the same way (loader/hf_int4),
   // unless one of them has an act-order g_idx (or this rank's TP slice cuts a group):
   // then the layer's experts are dequantised exactly, like any float weight.
@@ -490,7 +490,7 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
                    !opt.quantize_w8a8 && hf_int4::is_int4_weight(ck, gate[0]->key) &&
                    (!opt.quantize_w4a8 || opt.int4_group == hf_int4::kernel_group(ck)) && hf_int4_exact();
   const DType experts_dtype =
-      opt.quantize_w8a8 || opt.quantize_w4a8 || gguf_q4 || hf4 || qf != QuantFormat::None ? DType::I8 : opt.compute;
+      opt.quantize_w8a8 || opt.quantize_w4a8 || gguf_coded || hf4 || qf != QuantFormat::None ? DType::I8 : opt.compute;
   // FP8 block-scaled experts computed in bf16 stay e4m3 in memory: the GEMM dequantises
   // panel by panel (fp8_weights.h); for f32 compute they are dequantised here (load_read).
   const LayerRead* first_gu = fused_gu ? fused_gu : n_local > 0 ? gate[0] : nullptr;
@@ -499,7 +499,7 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
   if (fp8) {
     w.w13 = make_packed_fp8(n_local, 2 * Il, H, /*gated=*/true, fp8_slice_block_k(ck, first_gu->tensor_read()));
     w.w2 = make_packed_fp8(n_local, H, Il, /*gated=*/false, fp8_slice_block_k(ck, first_dn->tensor_read()));
-  } else if (gguf_q4) {
+  } else if (gguf_coded) {
     w.w13 = make_packed_experts_coded(n_local, 2 * Il, H, /*gated=*/true, *gguf_f13);
     w.w2 = make_packed_experts_coded(n_local, H, Il, /*gated=*/false, *gguf_f2);
   } else if (opt.quantize_w4a8 || hf4) {
@@ -561,7 +561,7 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
                                down[e]->tensor_read());
           return;
         }
-        if (gguf_q4) {
+        if (gguf_coded) {
           // GGUF stores a layer's experts as one tensor per projection, so every expert
           // shares expert 0's types; checked all the same (a hostile index could differ).
           MOE_CHECK(gguf::is_coded(ck, gate[e]->tensor_read()) && gguf::is_coded(ck, up[e]->tensor_read()) &&
