@@ -16,6 +16,19 @@ namespace {
 
 GgmlType type_of(const Checkpoint& ck, const TensorRead& r) { return static_cast<GgmlType>(ck.info(r.key).ggml_type); }
 
+// fn(b, len) for each piece of a rank's slice (flattened element b, len elements), cut
+// at row ends: a run's piece may span several whole rows (a contiguous slice is one).
+template <class Fn>
+void for_each_row_piece(const ShardPlan& p, int64_t cols, Fn&& fn) {
+  for (const ShardRun& run : p.runs)
+    for (int64_t i = 0; i < run.count; ++i)
+      for (int64_t b = run.begin + i * run.stride, end = b + run.len; b < end;) {
+        const int64_t len = std::min(end - b, cols - b % cols);
+        fn(b, len);
+        b += len;
+      }
+}
+
 // The super-block form (f.sb_groups > 0: every read a K-quant whose slice holds whole
 // 256-weight blocks, common_format): codes, and per block D (M), per group sc (mn).
 CodedWeight read_superblocks(const Checkpoint& ck, const TensorRead& r, const CodedFormat& f, const ShardPlan& p) {
@@ -53,13 +66,7 @@ CodedWeight read_superblocks(const Checkpoint& ck, const TensorRead& r, const Co
     out.sc += len / f.group;
     if (out.mn) out.mn += len / f.group;
   };
-  for (const ShardRun& run : p.runs)
-    for (int64_t i = 0; i < run.count; ++i)
-      for (int64_t b = run.begin + i * run.stride, end = b + run.len; b < end;) {
-        const int64_t len = std::min(end - b, cols - b % cols);
-        piece(b, len);
-        b += len;
-      }
+  for_each_row_piece(p, cols, piece);
   return w;
 }
 
@@ -145,15 +152,7 @@ CodedWeight read_coded(const Checkpoint& ck, const TensorRead& r, const CodedFor
     if (off) off += len / f.group;
     if (z) z += len / f.group;
   };
-  // A run's piece may span several whole rows (a contiguous slice is one piece): walk
-  // each piece row by row.
-  for (const ShardRun& run : p.runs)
-    for (int64_t i = 0; i < run.count; ++i)
-      for (int64_t b = run.begin + i * run.stride, end = b + run.len; b < end;) {
-        const int64_t len = std::min(end - b, cols - b % cols);
-        decompose(b, len);
-        b += len;
-      }
+  for_each_row_piece(p, cols, decompose);
   return w;
 }
 
