@@ -24,6 +24,7 @@ struct CommonOpts {
   std::string quantize_linears = "none";  // --quantize-linears: none, w8a8 or w4a8
   int64_t max_seq_len = 0;
   std::string kv_cache_dtype = "bf16";  // --kv-cache-dtype: f32 or bf16 (KvCacheShape::dtype)
+  std::string weights_cache;  // --weights-cache DIR (ModelOptions::weights_cache_dir); empty: none
   ParallelOptions parallel;
 };
 
@@ -45,6 +46,8 @@ void add_dtype_option(CLI::App* cmd, std::string& dtype);
 void resolve_auto_dtype(CommonOpts& o);
 
 // --model, --prompt-ids, --dtype, --quantize, --max-seq-len, --kv-cache-dtype and the parallel flags.
+// --weights-cache DIR (generate, forward, chat, serve).
+void add_weights_cache_option(CLI::App* cmd, std::string& dir);
 void add_common(CLI::App* cmd, CommonOpts& o);
 
 struct Loaded {

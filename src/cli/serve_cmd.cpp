@@ -176,6 +176,7 @@ Verb add_serve_verb(CLI::App& app) {
   s->add_option("--int4-group", c.int4_group, "With --quantize w4a8: input values per weight group (32, 64 or 128)")
       ->check(CLI::IsMember({int64_t{32}, int64_t{64}, int64_t{128}}))
       ->capture_default_str();
+  add_weights_cache_option(s, c.weights_cache);
   add_model_parallel_options(s, c.parallel);
   s->add_option("--host", o->http.host, "Address to listen on (127.0.0.1: this machine only)")->capture_default_str();
   s->add_option("--port", o->http.port, "Port to listen on (0: any free port, printed at start)")

@@ -16,6 +16,7 @@
 #include "loader/fp8_weights.h"
 #include "loader/quant_weights.h"
 #include "loader/scales.h"
+#include "loader/weights_cache/weight_records.h"
 
 namespace moe {
 
@@ -396,8 +397,52 @@ std::vector<std::string> unexpected_mlp_tensors(const Checkpoint& ck, const MoeC
   return out;
 }
 
+// The loads themselves, without the cache (defined below).
+MoeLayerWeights load_moe_layer_packed(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
+                                      const MlpLoadOptions& opt);
+GatedMlpWeights load_dense_mlp_packed(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
+                                      const MlpLoadOptions& opt);
+
+namespace {
+
+// What a weights-cache record of this layer's MLP block depends on besides the
+// checkpoint and the model options the cache file is keyed by: every tensor the load
+// reads (key, shape, shard rule and group) and the options that shape the packing.
+std::string mlp_cache_key(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, const MlpLoadOptions& opt,
+                          uint64_t* expert_bytes) {
+  std::string key = fmt::format(
+      "mlp layer {}: compute {} w8a8 {} w4a8 {} group {} keep-codes {} experts [{}, {}) tp {}/{} mlp-tp {}/{}", layer,
+      dtype_name(opt.compute), opt.quantize_w8a8, opt.quantize_w4a8, opt.int4_group, opt.gguf_q4_0_as_int4,
+      opt.expert_begin, opt.expert_end, opt.tp_rank, opt.tp_size, opt.mlp_tp_rank, opt.mlp_tp_size);
+  *expert_bytes = 0;
+  for (const LayerRead& r : mlp_layer_reads(ck, cfg, layer, opt)) {
+    key += fmt::format("; {} {} {} {}/{}{}", r.key, shape_str(r.full_shape), r.rule.describe(), r.rank, r.size,
+                       r.int8 ? " int8" : "");
+    if (r.expert >= 0 || r.role == LayerRead::FusedGateUp || r.role == LayerRead::FusedDown)
+      *expert_bytes += read_bytes(ck, r.tensor_read());
+  }
+  return key;
+}
+
+}  // namespace
+
 MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
                                const MlpLoadOptions& opt) {
+  if (!opt.cache) return load_moe_layer_packed(ck, cfg, layer, opt);
+  uint64_t expert_bytes = 0;
+  const std::string key = mlp_cache_key(ck, cfg, layer, opt, &expert_bytes);
+  const int64_t begin = opt.expert_begin, end = opt.expert_end < 0 ? cfg.n_experts : opt.expert_end;
+  return cached_load<MoeLayerWeights>(
+      opt.cache, key, [&] { return load_moe_layer_packed(ck, cfg, layer, opt); }, encode_moe_layer,
+      [&](const CacheRecord& r) {
+        MoeLayerWeights w = decode_moe_layer(r, cfg, begin, end);
+        if (opt.progress) opt.progress->advance(expert_bytes);  // as the packing loop would
+        return w;
+      });
+}
+
+MoeLayerWeights load_moe_layer_packed(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
+                                      const MlpLoadOptions& opt) {
   MOE_CHECK(layer >= 0 && layer < cfg.n_layers, "layer {} out of range: the model has {} layers", layer,
             cfg.n_layers);
   MOE_CHECK(cfg.is_moe_layer(layer), "layer {} of this {} model has a dense MLP, not a MoE block", layer,
@@ -616,6 +661,21 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ck, const MoeConfig& cfg, int64
 }
 
 GatedMlpWeights load_dense_mlp(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer, const MlpLoadOptions& opt) {
+  if (!opt.cache) return load_dense_mlp_packed(ck, cfg, layer, opt);
+  uint64_t expert_bytes = 0;
+  const std::string key = mlp_cache_key(ck, cfg, layer, opt, &expert_bytes);
+  return cached_load<GatedMlpWeights>(
+      opt.cache, key, [&] { return load_dense_mlp_packed(ck, cfg, layer, opt); },
+      [](const GatedMlpWeights& w) {
+        CacheRecord r;
+        encode_gated(r, "", w);
+        return r;
+      },
+      [&](const CacheRecord& r) { return decode_gated(r, "", cfg.hidden_size); });
+}
+
+GatedMlpWeights load_dense_mlp_packed(const Checkpoint& ck, const MoeConfig& cfg, int64_t layer,
+                                      const MlpLoadOptions& opt) {
   MOE_CHECK(layer >= 0 && layer < cfg.n_layers, "layer {} out of range: the model has {} layers", layer,
             cfg.n_layers);
   MOE_CHECK(!cfg.is_moe_layer(layer), "layer {} has a MoE block, not a dense MLP", layer);

@@ -22,6 +22,7 @@
 #include "loader/checkpoint.h"
 #include "loader/progress.h"
 #include "loader/shard.h"
+#include "loader/weights_cache/weights_cache.h"
 #include "moe/config.h"
 #include "moe/fused_moe.h"
 
@@ -67,6 +68,10 @@ struct MlpLoadOptions {
   bool strict = false;
   std::function<void(const std::string&)> warn;
   Progress* progress = nullptr;  // advanced by the bytes of each expert read (may be null)
+  // --weights-cache: the block comes from the cache when it holds a valid record of it,
+  // and is recorded there when it is packed (loader/weights_cache/weights_cache.h). Null:
+  // no cache.
+  WeightsCache* cache = nullptr;
 };
 
 // The checkpoint key names of one layer's MLP block.

@@ -3,12 +3,15 @@
 #include <cmath>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "core/check.h"
 #include "kernels/grouped_gemm_int4.h"
 #include "kernels/quant.h"
 #include "loader/fp8_weights.h"
 #include "loader/gguf/gguf_experts.h"
 #include "loader/hf_int4/hf_int4.h"
+#include "loader/weights_cache/weight_records.h"
 
 namespace moe {
 
@@ -47,7 +50,60 @@ Linear make_linear(const Tensor& w, const LinearOptions& o, const Tensor& bias) 
   return l;
 }
 
+namespace {
+
+Linear load_linear_packed(const Checkpoint& ck, const LinearRead& r, const LinearOptions& o);
+
+std::string read_key(const TensorRead& r) {
+  return fmt::format("{} {} {} {}/{}{}", r.key, shape_str(r.shape), r.rule.describe(), r.rank, r.size,
+                     r.int8 ? " int8" : "");
+}
+
+CacheRecord encode_linear(const Linear& l) {
+  CacheRecord c;
+  encode_packed(c, "w.", l.w);
+  c.put("bias", l.bias);
+  c.put("in_perm", l.in_perm);
+  return c;
+}
+
+// Checked against this rank's slice of the weight (plan_shard: pure arithmetic).
+Linear decode_linear(const CacheRecord& c, const LinearRead& r) {
+  Linear l;
+  l.w = decode_packed(c, "w.");
+  const Shape want = plan_shard(r.weight).out_shape;
+  MOE_CHECK(want.size() == 2 && l.w.n_experts == 1 && l.w.n == want[0] && l.w.k == want[1],
+            "a linear of {} x [{}, {}] where this rank's slice is {}", l.w.n_experts, l.w.n, l.w.k, shape_str(want));
+  l.bias = c.tensor("bias");
+  MOE_CHECK(!l.bias.defined() || (r.bias && l.bias.dtype() == DType::F32 && l.bias.numel() == l.w.n),
+            "bias: {} for a linear of {} outputs{}", l.bias.describe(), l.w.n, r.bias ? "" : " without one");
+  l.in_perm = c.tensor("in_perm");
+  if (l.in_perm.defined()) {
+    MOE_CHECK(l.in_perm.dtype() == DType::I32 && l.in_perm.numel() == l.w.k, "in_perm: {} for {} inputs",
+              l.in_perm.describe(), l.w.k);
+    for (int64_t j = 0; j < l.w.k; ++j) {
+      const int32_t v = l.in_perm.data<int32_t>()[j];
+      MOE_CHECK(v >= 0 && v < l.w.k, "in_perm[{}] = {}, outside [0, {})", j, v, l.w.k);
+    }
+  }
+  return l;
+}
+
+}  // namespace
+
 Linear load_linear(const Checkpoint& ck, const LinearRead& r, const LinearOptions& o) {
+  if (!o.cache) return load_linear_packed(ck, r, o);
+  const std::string key =
+      fmt::format("linear {}; bias {}; compute {} group {} keep-codes {}", read_key(r.weight),
+                  r.bias ? read_key(*r.bias) : "none", dtype_name(o.compute), o.int4_group, o.keep_int4);
+  return cached_load<Linear>(
+      o.cache, key, [&] { return load_linear_packed(ck, r, o); }, encode_linear,
+      [&](const CacheRecord& c) { return decode_linear(c, r); });
+}
+
+namespace {
+
+Linear load_linear_packed(const Checkpoint& ck, const LinearRead& r, const LinearOptions& o) {
   const DType compute = o.compute;
   const bool gguf_q4_0_as_int4 = o.keep_int4;
   const Tensor bias = r.bias ? load_f32(ck, *r.bias) : Tensor();
@@ -99,6 +155,8 @@ Linear load_linear(const Checkpoint& ck, const LinearRead& r, const LinearOption
   release_sharded(ck, r.weight);  // packed: the file's pages leave the process
   return l;
 }
+
+}  // namespace
 
 void linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s, int64_t ldx,
                     int64_t ldy) {

@@ -28,6 +28,10 @@
 #include "model/model_config.h"
 
 namespace moe {
+class WeightsCache;  // loader/weights_cache/weights_cache.h
+}  // namespace moe
+
+namespace moe {
 
 // How a rank of a tensor-parallel group of `size` holds an [out, in] weight.
 enum class Split : uint8_t {
@@ -85,6 +89,9 @@ struct LinearOptions {
   // GGUF integer-coded and GPTQ / AWQ / compressed-tensors int4 weights stay in their
   // codes (exactly).
   bool keep_int4 = false;
+  // --weights-cache: load_linear takes the weight from the cache when it holds a valid
+  // record of it, and records it when it packs it (loader/weights_cache/weights_cache.h).
+  WeightsCache* cache = nullptr;
   static LinearOptions keeping_int4(DType c) {
     LinearOptions o(c);
     o.keep_int4 = true;

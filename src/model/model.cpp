@@ -185,6 +185,25 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
               "placement file '{}' places experts of layer {}, which is not a MoE layer of this model",
               eo.placement_file, l);
 
+  // --weights-cache: one file per checkpoint, options, layout and rank. The record keys
+  // name every tensor read and the options of each load; the layout line keeps the
+  // files of different option sets apart, so switching between them repacks nothing.
+  std::unique_ptr<WeightsCache> cache;
+  if (!opt.weights_cache_dir.empty() && !opt.moe_weights) {
+    WeightsCacheParams cp;
+    cp.dir = opt.weights_cache_dir;
+    cp.model_path = dir;
+    cp.rank = opt.world ? opt.world->rank() : 0;
+    cp.layout = fmt::format(
+        "dtype {} quantize w8a8 {} w4a8 {} group {} keep-codes {} linears w8a8 {} w4a8 {}; {}; rank {} of {}; "
+        "redundant {} placement '{}'",
+        dtype_name(opt.dtype), opt.quantize_w8a8, opt.quantize_w4a8, opt.int4_group, opt.gguf_q4_0_as_int4,
+        opt.quantize_linears, opt.quantize_linears_w4a8, to_string(opt.par), cp.rank, opt.world ? opt.world->size() : 1,
+        opt.eplb.redundant, opt.eplb.placement_file);
+    cp.verbose = opt.show_progress;
+    cache = WeightsCache::open(cp);
+  }
+
   // A progress line with GB/s (on rank 0; loads under 256 MB print nothing).
   MlpLoadOptions lo0;
   lo0.tp_rank = tp_rank;
@@ -199,8 +218,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
                      : 1.0;
       },
       !opt.moe_weights);
-  Progress progress(multi ? fmt::format("moe-ep: loading {} (rank 0 of {})", dir, opt.world->size())
-                          : fmt::format("moe-ep: loading {}", dir),
+  const std::string from_cache = cache && cache->file_valid() ? " (packed weights from --weights-cache)" : "";
+  Progress progress(multi ? fmt::format("moe-ep: loading {}{} (rank 0 of {})", dir, from_cache, opt.world->size())
+                          : fmt::format("moe-ep: loading {}{}", dir, from_cache),
                     lb.total, opt.show_progress && (!multi || opt.world->rank() == 0));
 
   // The weights outside the MLP blocks, as model/weights.h describes them.
@@ -234,6 +254,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   }
   m->final_norm_ = load_f32(ck, final_norm_read(c));
   LinearOptions lin(opt.quantize_linears ? DType::I8 : opt.dtype);
+  lin.cache = cache.get();
   if (opt.quantize_linears_w4a8) lin.int4_group = opt.int4_group;
   // GGUF integer-coded linears stay in their codes unless int8 linears are asked for:
   // int4 reads 0.66 of int8's bytes at decode, but its GEMM is ~1.6x int8's time at
@@ -267,6 +288,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
       dl.gguf_q4_0_as_int4 = opt.gguf_q4_0_as_int4;  // an int4 (GPTQ, AWQ, ...) dense MLP
       dl.mlp_tp_rank = lo0.mlp_tp_rank;  // split over --attn-tp, summed in mlp()
       dl.mlp_tp_size = lo0.mlp_tp_size;
+      dl.cache = cache.get();
       L.dense = load_dense_mlp(ck, c.moe, l, dl);
       progress.advance(lb.mlp[l]);
       continue;
@@ -281,6 +303,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     lo.mlp_tp_rank = lo0.mlp_tp_rank;  // the shared experts, under --attn-tp
     lo.mlp_tp_size = lo0.mlp_tp_size;
     lo.progress = &progress;  // advanced by each expert packed
+    lo.cache = cache.get();
     auto weights = [&] { return opt.moe_weights ? opt.moe_weights(l, lo) : load_moe_layer(ck, c.moe, l, lo); };
     if (!multi) {
       L.moe = std::make_unique<MoeLayer>(c.moe, weights());
@@ -298,6 +321,18 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     progress.advance(lb.mlp[l]);
   }
   progress.finish();
+  if (cache) {
+    m->cache_stats_.hits = cache->hits();
+    m->cache_stats_.misses = cache->misses();
+    m->cache_stats_.bytes_mapped = cache->bytes_mapped();
+    // A cache that cannot be written (disk full, read-only directory) costs the next
+    // start its speed, not this start its model.
+    try {
+      m->cache_stats_.bytes_written = cache->commit();
+    } catch (const Error& e) {
+      fmt::print(stderr, "moe-ep: warning: the weights cache was not written: {}\n", e.what());
+    }
+  }
   if (m->rank() == 0 && !m->layers_.empty() && m->layers_[0].gqa && m->layers_[0].gqa->unapplied_qs_scales())
     fmt::print(stderr,
                "moe-ep: note: the checkpoint's self_attn.q_matmul / s_matmul activation scales (FastDeploy's int8 "

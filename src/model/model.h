@@ -102,11 +102,23 @@ struct ModelOptions {
   // Rank 0 prints the load's progress (loads of 256 MB and more); the verbs' --quiet
   // turns it off.
   bool show_progress = true;
+  // --weights-cache DIR: the packed weights (routed experts, MLP blocks, attention
+  // projections, lm_head) are mapped from this rank's cache file when it is valid, and
+  // written there when they had to be packed (loader/weights_cache/weights_cache.h).
+  // Empty: no cache. Not with moe_weights.
+  std::string weights_cache_dir;
   // When set, MoE layers take their weights from this instead of the checkpoint (which
   // then needs no MLP tensors for them): generated models (`moe-ep bench-model`). Gets
   // the layer and the loader options Model::load would use (experts [expert_begin,
   // expert_end), expert_end -1 = all; tp_rank/tp_size; compute dtype).
   std::function<MoeLayerWeights(int64_t layer, const MlpLoadOptions&)> moe_weights;
+};
+
+// What --weights-cache did at load: records mapped from the file (hits) and packed
+// (misses: then the file was rewritten, `bytes_written`).
+struct WeightsCacheStats {
+  size_t hits = 0, misses = 0;
+  uint64_t bytes_mapped = 0, bytes_written = 0;
 };
 
 struct DecoderLayer {
@@ -125,6 +137,7 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const ModelOptions& options() const { return opt_; }
+  const WeightsCacheStats& weights_cache_stats() const { return cache_stats_; }
   // Runs the decoder on a prepared step (model/batch.h); writes the step's K/V into
   // the cache and returns logits [batch.logit_rows.size(), vocab] f32.
   Tensor forward(const StepBatch& b);
@@ -165,6 +178,7 @@ class Model {
 
   ModelConfig cfg_;
   ModelOptions opt_;
+  WeightsCacheStats cache_stats_;
   Communicator* world_ = nullptr;
   std::unique_ptr<ParallelGroups> groups_;
   Communicator* tp_ = nullptr;  // attention TP group (size par.tp or par.attn_tp), nullptr if 1
