@@ -51,7 +51,8 @@ CodedWeight random_weight(int64_t n, int64_t k, const CodedFormat& f, std::mt199
       }
     } else {
       w.zero = Tensor::empty({n, ng}, DType::U8);
-      for (int64_t i = 0; i < w.zero.numel(); ++i) w.zero.data<uint8_t>()[i] = static_cast<uint8_t>(rng() % (1u << f.bits));
+      for (int64_t i = 0; i < w.zero.numel(); ++i)
+        w.zero.data<uint8_t>()[i] = static_cast<uint8_t>(f.zero >= 0 ? f.zero : rng() % (1u << f.bits));
     }
     return w;
   }
@@ -65,7 +66,8 @@ CodedWeight random_weight(int64_t n, int64_t k, const CodedFormat& f, std::mt199
     for (int64_t i = 0; i < w.offset.numel(); ++i) w.offset.data<float>()[i] = o(rng);
   } else {
     w.zero = Tensor::empty({n, ng}, DType::U8);
-    for (int64_t i = 0; i < w.zero.numel(); ++i) w.zero.data<uint8_t>()[i] = static_cast<uint8_t>(rng() % (1u << f.bits));
+    for (int64_t i = 0; i < w.zero.numel(); ++i)
+      w.zero.data<uint8_t>()[i] = static_cast<uint8_t>(f.zero >= 0 ? f.zero : rng() % (1u << f.bits));
   }
   return w;
 }
@@ -117,11 +119,15 @@ const Case kCases[] = {
     {2, 70, 300, false, {32, 4, true, 8}},
     // One group per super-block: f16 scales (and offsets) per group, unit factors.
     {2, 70, 256, false, {32, 4, false, 1}}, {3, 2 * 40, 301, true, {32, 8, true, 1}},
+    // One zero point for every group (GGUF's symmetric types): Q4_0 (8), Q8_0 (128), Q6_K
+    // (32), and f32 scales with an odd k, gated.
+    {2, 70, 256, false, {32, 4, false, 1, 8}}, {2, 2 * 96, 256, true, {32, 8, false, 1, 128}},
+    {2, 2 * 64, 768, true, {16, 8, false, 16, 32}}, {3, 2 * 40, 301, true, {32, 4, false, 0, 15}},
 };
 
 std::string name(const Case& c) {
-  return fmt::format("N={} K={} {}-bit g{} {} sb{}", c.N, c.K, c.f.bits, c.f.group, c.f.offsets ? "offsets" : "zeros",
-                     c.f.sb_groups);
+  return fmt::format("N={} K={} {}-bit g{} {} sb{}", c.N, c.K, c.f.bits, c.f.group,
+                     c.f.offsets ? "offsets" : c.f.zero >= 0 ? fmt::format("zero {}", c.f.zero) : "zeros", c.f.sb_groups);
 }
 
 TEST(CodedGemm, EveryIsaGivesTheReferenceBits) {
@@ -291,6 +297,51 @@ TEST(CodedGemm, SuperBlocksEqualThePlainFormOfTheirProducts) {
     // Fewer bytes: per group an i8 (and a u8) instead of one or two f32.
     EXPECT_LT(int4_bytes_per_expert(sb), int4_bytes_per_expert(pl)) << name(c);
   }
+}
+
+// A uniform zero point is a storage of the per-group form whose zero points all equal
+// it: the same bits on every ISA, one byte per group fewer; a group whose zero point
+// differs cannot be packed into it.
+TEST(CodedGemm, UniformZeroEqualsThePerGroupForm) {
+  for (const Case& c : kCases) {
+    if (c.f.zero < 0) continue;
+    std::vector<CodedWeight> kept;
+    const PackedExperts uz = make(c, &kept, 41);
+    EXPECT_FALSE(uz.w_zero.defined());
+    CodedFormat per = c.f;
+    per.zero = -1;
+    PackedExperts pg = make_packed_experts_coded(c.E, c.N, c.K, c.gated, per);
+    for (int64_t e = 0; e < c.E; ++e) {
+      pack_expert_coded(pg, e, kept[e]);
+      const CodedWeight back = unpack_expert_coded(uz, e);
+      ASSERT_EQ(0, std::memcmp(back.zero.raw(), kept[e].zero.raw(), kept[e].zero.nbytes())) << name(c);
+    }
+    for (int64_t per_e : {1, 5}) {
+      std::vector<int64_t> offsets(c.E + 1, 0);
+      for (int64_t e = 0; e < c.E; ++e) offsets[e + 1] = offsets[e] + per_e;
+      const std::vector<char> a = q8_rows(test::random_f32({offsets.back(), c.K}, 1.f, 42));
+      for (Isa isa : test::available_isas()) {
+        test::IsaScope scope(isa);
+        Tensor x = Tensor::zeros({offsets.back(), uz.n_out()}, DType::F32), y = x.clone();
+        GroupedGemmParams p = params(uz, a, offsets, DType::F32);
+        p.c = x.raw();
+        grouped_gemm(p);
+        p = params(pg, a, offsets, DType::F32);
+        p.c = y.raw();
+        grouped_gemm(p);
+        ASSERT_EQ(0, std::memcmp(x.raw(), y.raw(), x.nbytes())) << isa_name(isa) << " " << name(c);
+      }
+    }
+    EXPECT_EQ(int4_bytes_per_expert(pg) - int4_bytes_per_expert(uz), pg.w_zero.nbytes() / static_cast<size_t>(c.E))
+        << name(c);
+    CodedWeight odd = kept[0];
+    odd.zero = odd.zero.clone();
+    odd.zero.data<uint8_t>()[3] ^= 1;
+    PackedExperts target = make_packed_experts_coded(1, c.N, c.K, c.gated, c.f);
+    EXPECT_THROW(pack_expert_coded(target, 0, odd), Error) << name(c);
+  }
+  EXPECT_FALSE(valid_coded_format({32, 4, true, 0, 8})) << "offsets have no zero point";
+  EXPECT_FALSE(valid_coded_format({32, 4, false, 0, 16})) << "a 4-bit zero point above 15";
 }
 
 TEST(CodedGemm, PackRoundTripAndExpertCopies) {

@@ -329,15 +329,16 @@ def gguf_bytes(path):
 
 # moe-ep's group-coded storage of GGUF's integer types (loader/gguf/gguf_experts.h), bytes
 # per weight: codes (4-bit types half a byte, the others one), then for the K-quants per
-# group an i8 scale factor and a u8 min factor or zero point, per 256 an f16 d (and dmin);
-# for the others per group an f16 d (and -m for Q4_1 / Q5_1) and a u8 zero point (not
-# with a min). (One rank: no MoE-TP slice cuts a K-quant block.)
-CODED = {2: 0.5 + 3 / 32,               # Q4_0
+# group an i8 scale factor (and a u8 min factor), per 256 an f16 d (and dmin); for the
+# others per group an f16 d (and -m for Q4_1 / Q5_1). The symmetric types' zero point is
+# one code per tensor (CodedFormat::zero), not stored per group. (One rank: no MoE-TP
+# slice cuts a K-quant block.)
+CODED = {2: 0.5 + 2 / 32,               # Q4_0
          3: 0.5 + 4 / 32,               # Q4_1
          12: 0.5 + 2 / 32 + 4 / 256,    # Q4_K
-         6: 1 + 3 / 32,                 # Q5_0
-         8: 1 + 3 / 32,                 # Q8_0
-         14: 1 + 2 / 16 + 2 / 256,      # Q6_K (groups of 16)
+         6: 1 + 2 / 32,                 # Q5_0
+         8: 1 + 2 / 32,                 # Q8_0
+         14: 1 + 1 / 16 + 2 / 256,      # Q6_K (groups of 16)
          7: 1 + 4 / 32,                 # Q5_1
          13: 1 + 2 / 32 + 4 / 256}      # Q5_K
 

@@ -35,7 +35,8 @@ std::vector<BytePiece> expert_pieces(const PackedExperts& p, int64_t e) {
 
 void copy_expert(PackedExperts& dst, int64_t d, const PackedExperts& src, int64_t s) {
   const std::vector<BytePiece> to = expert_pieces(dst, d), from = expert_pieces(src, s);
-  MOE_CHECK(to.size() == from.size(), "copy_expert: the two packed experts have other formats");
+  MOE_CHECK(to.size() == from.size() && dst.uniform_zero == src.uniform_zero,
+            "copy_expert: the two packed experts have other formats");
   for (size_t i = 0; i < to.size(); ++i) {
     MOE_CHECK(to[i].bytes == from[i].bytes, "copy_expert: the two packed experts have other formats");
     std::memcpy(to[i].data, from[i].data, to[i].bytes);

@@ -82,6 +82,9 @@ struct PackedExperts {
   // (sb_groups 1: one group per super-block, w_sc / w_mn undefined: factors of 1, an f16
   // scale and offset per group; GGUF's Q4_0, Q8_0, ... d)
   int64_t sb_groups = 0;
+  // Zero-point form with one zero point for every group (CodedFormat::zero): this code,
+  // and w_zero undefined. -1: w_zero holds them (or the offset form).
+  int uniform_zero = -1;
 
   int64_t n_out() const { return gated ? n / 2 : n; }
   // The dtype of activation rows for these weights: bf16 for FP8 (weight-only), else dtype.

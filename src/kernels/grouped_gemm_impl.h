@@ -94,6 +94,7 @@ struct Job {
   // but indexed [panel][group][64]; zero points or offsets alike (one of the two is set);
   // k values per group; groups per column (the code width picks the runner).
   const uint8_t* i4_zero = nullptr;
+  int i4_uniform_zero = -1;  // >= 0: i4_zero is null and every group's zero point is this
   const float* i4_offset = nullptr;
   int64_t i4_group = 0;
   int64_t i4_n_groups = 0;

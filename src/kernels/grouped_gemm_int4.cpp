@@ -20,17 +20,19 @@ bool valid_int4_group(int64_t g) { return g == 32 || g == 64 || g == 128; }
 
 bool valid_coded_format(const CodedFormat& f) {
   const bool groups = f.bits == 4 ? valid_int4_group(f.group) : f.bits == 8 && (f.group == 16 || valid_int4_group(f.group));
-  return groups && f.sb_groups >= 0 && f.sb_groups <= 64;
+  return groups && f.sb_groups >= 0 && f.sb_groups <= 64 && f.zero >= -1 && f.zero < (1 << f.bits) &&
+         !(f.offsets && f.zero >= 0);
 }
 
 CodedFormat coded_format(const PackedExperts& p) {
   MOE_CHECK(p.int4_group > 0, "coded_format: the packed experts are {}, not group-coded", dtype_name(p.dtype));
-  return {p.int4_group, p.code_bits, p.w_offset.defined() || p.w_sb_m.defined(), p.sb_groups};
+  return {p.int4_group, p.code_bits, p.w_offset.defined() || p.w_sb_m.defined(), p.sb_groups, p.uniform_zero};
 }
 
 PackedExperts make_packed_experts_coded(int64_t n_experts, int64_t n, int64_t k, bool gated, const CodedFormat& f) {
-  MOE_CHECK(valid_coded_format(f), "group-coded experts: {}-bit codes take groups of {}, got {}", f.bits,
-            f.bits == 8 ? "16, 32, 64 or 128" : "32, 64 or 128", f.group);
+  MOE_CHECK(valid_coded_format(f), "group-coded experts: {}-bit codes take groups of {} (got {}) and a uniform zero "
+            "point in [0, {}) in the zero-point form only (got {})", f.bits,
+            f.bits == 8 ? "16, 32, 64 or 128" : "32, 64 or 128", f.group, 1 << f.bits, f.zero);
   MOE_CHECK(n_experts >= 0 && n > 0 && k > 0, "group-coded experts: bad shape E={} n={} k={}", n_experts, n, k);
   MOE_CHECK(!gated || n % 2 == 0, "group-coded experts: gated weights need an even n (gate + up rows), got n={}", n);
   PackedExperts p;
@@ -59,7 +61,8 @@ PackedExperts make_packed_experts_coded(int64_t n_experts, int64_t n, int64_t k,
     p.w_scale = Tensor::zeros({n_experts, cols}, DType::F32);
     if (f.offsets) p.w_offset = Tensor::zeros({n_experts, cols}, DType::F32);
   }
-  if (!f.offsets) p.w_zero = Tensor::zeros({n_experts, cols}, DType::U8);
+  if (!f.offsets && f.zero < 0) p.w_zero = Tensor::zeros({n_experts, cols}, DType::U8);
+  p.uniform_zero = f.offsets ? -1 : f.zero;
   return p;
 }
 
@@ -194,6 +197,7 @@ void fill_job_i4(const PackedExperts& p, Job& j) {
   j.w_scale = p.w_scale.defined() ? p.w_scale.data<float>() : nullptr;
   j.w_comp = nullptr;
   j.i4_zero = p.w_zero.defined() ? p.w_zero.data<uint8_t>() : nullptr;
+  j.i4_uniform_zero = p.uniform_zero;
   j.i4_offset = p.w_offset.defined() ? p.w_offset.data<float>() : nullptr;
   j.i4_sb_groups = p.sb_groups;
   if (p.sb_groups > 0) {
@@ -382,8 +386,8 @@ void pack_gated_expert_q4(PackedExperts& w13, PackedExperts& w2, int64_t e, cons
 }
 
 void unpack_expert_q4(const PackedExperts& p, int64_t e, Tensor& u, Tensor& zero, Tensor& scale) {
-  MOE_CHECK(p.int4_group <= 0 || p.w_zero.defined(), "unpack_expert_q4: the packed experts have offsets, not zero "
-            "points (use unpack_expert_coded)");
+  MOE_CHECK(p.int4_group <= 0 || !coded_format(p).offsets, "unpack_expert_q4: the packed experts have offsets, not "
+            "zero points (use unpack_expert_coded)");
   CodedWeight w = unpack_expert_coded(p, e);
   u = std::move(w.u);
   zero = std::move(w.zero);
@@ -413,11 +417,15 @@ void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w) {
     check(w.zero, DType::U8, ng, "zero points");
     zc = dense(w.zero);
     const uint8_t* zp = zc.data<uint8_t>();
-    for (int64_t i = 0, n = zc.numel(); i < n; ++i)
+    for (int64_t i = 0, n = zc.numel(); i < n; ++i) {
       MOE_CHECK(zp[i] < limit, "pack_expert_coded: zero point {} of expert {} is {} (must be in [0, {}))", i, e,
                 int(zp[i]), limit);
+      MOE_CHECK(p.uniform_zero < 0 || zp[i] == p.uniform_zero,
+                "pack_expert_coded: zero point {} of expert {} is {}, these experts hold {} for every group", i, e,
+                int(zp[i]), p.uniform_zero);
+    }
   }
-  const uint8_t* zp = off ? nullptr : zc.data<uint8_t>();
+  const uint8_t* zp = off || p.uniform_zero >= 0 ? nullptr : zc.data<uint8_t>();
   if (sb) {
     const bool factors = p.sb_groups > 1;  // one group per super-block: unit factors, none given
     check(w.sb_d, DType::F16, nsb, "super-block scales D");
@@ -489,7 +497,9 @@ CodedWeight unpack_expert_coded(const PackedExperts& p, int64_t e) {
         ur[k] = g8 ? src[gg::g8_byte(k, j)] : static_cast<uint8_t>((src[gg::i4_byte(k, j)] >> gg::i4_shift(k)) & 0x0f);
       for (int64_t G = 0; G < ng; ++G) {
         const int64_t at = e * cols + (P * ng + G) * kPanel + j, r = row * ng + G;
-        if (w.zero.defined()) w.zero.data<uint8_t>()[r] = p.w_zero.data<uint8_t>()[at];
+        if (w.zero.defined())
+          w.zero.data<uint8_t>()[r] = p.uniform_zero >= 0 ? static_cast<uint8_t>(p.uniform_zero)
+                                                          : p.w_zero.data<uint8_t>()[at];
         if (!sb) {
           w.scale.data<float>()[r] = p.w_scale.data<float>()[at];
           if (off) w.offset.data<float>()[r] = p.w_offset.data<float>()[at];

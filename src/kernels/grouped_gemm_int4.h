@@ -80,6 +80,10 @@ struct CodedFormat {
   // 1: one group per super-block, the factors 1 and not stored: an f16 scale (and
   // offset) per group, GGUF's Q4_0 / Q8_0 / Q5_0 d and Q4_1 / Q5_1 d and -m exactly.
   int64_t sb_groups = 0;
+  // >= 0 (zero-point form only): every group's zero point is this code, held once
+  // (PackedExperts::uniform_zero) instead of a byte per group: GGUF's symmetric types
+  // (Q4_0 8, Q5_0 16, Q8_0 128, Q6_K 32), 1 byte in 19 of a Q4_0 weight's. -1: per group.
+  int zero = -1;
 };
 bool valid_coded_format(const CodedFormat& f);
 CodedFormat coded_format(const PackedExperts& p);  // p must be group-coded (int4_group > 0)

@@ -133,6 +133,12 @@ inline void i4_expand_panel(const Job& j, int64_t expert, int64_t P, float* s, f
 class I4TaskSides {
  public:
   I4TaskSides(const Job& j, const Task& t) : j_(j), t_(t) {
+    if (!j.i4_zero && j.i4_uniform_zero >= 0) {
+      // One zero point for all: a panel's [group][64] of it, which every panel reads.
+      thread_local std::vector<uint8_t> z;
+      z.assign(static_cast<size_t>(j.i4_n_groups * kPanel), static_cast<uint8_t>(j.i4_uniform_zero));
+      uz_ = z.data();
+    }
     if (j.i4_sb_groups == 0) return;
     thread_local std::vector<float> s, o;
     const int64_t per = j.i4_n_groups * kPanel, n = (t.p1 - t.p0) * per;
@@ -146,7 +152,7 @@ class I4TaskSides {
   // Panel P's [group][64] scales ws, and zero points wz or offsets wo (the other null).
   void panel(int64_t P, const float** ws, const uint8_t** wz, const float** wo) const {
     const int64_t per = j_.i4_n_groups * kPanel, q0 = t_.expert * j_.q_stride + P * per;
-    *wz = j_.i4_zero ? j_.i4_zero + q0 : nullptr;
+    *wz = j_.i4_zero ? j_.i4_zero + q0 : uz_;
     if (sb_s_) {
       *ws = sb_s_ + (P - t_.p0) * per;
       *wo = sb_o_ ? sb_o_ + (P - t_.p0) * per : nullptr;
@@ -161,6 +167,7 @@ class I4TaskSides {
   const Task& t_;
   const float* sb_s_ = nullptr;
   const float* sb_o_ = nullptr;
+  const uint8_t* uz_ = nullptr;  // the uniform zero point's panel of codes, or null
 };
 
 // The task driver the ISA runners share. K supplies kMaxRows and

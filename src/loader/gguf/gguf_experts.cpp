@@ -186,6 +186,13 @@ CodedFormat common_format(const Checkpoint& ck, const std::vector<const TensorRe
   // zero points or offsets.
   if (one && whole_blocks)
     if (const auto gps = superblock_groups(*one)) f.sb_groups = *gps;
+  // The symmetric types' zero point is one code per type (Q4_0 8, Q5_0 16, Q8_0 128,
+  // Q6_K 32): held once when every read has the same.
+  if (!f.offsets) {
+    f.zero = group_layout(type_of(ck, *reads.front()))->zero;
+    for (const TensorRead* r : reads)
+      if (group_layout(type_of(ck, *r))->zero != f.zero) f.zero = -1;
+  }
   if (f.sb_groups == 0) {
     bool plain_f16 = true;
     for (const TensorRead* r : reads) {
@@ -202,9 +209,9 @@ uint64_t coded_bytes(const CodedFormat& f, uint64_t n, uint64_t k) {
   if (f.sb_groups > 0) {  // per group i8 sc (+ u8 mn, or a u8 zero), per super-block f16 D (+ M)
     const uint64_t sbs = (groups + f.sb_groups - 1) / f.sb_groups;
     const uint64_t factors = f.sb_groups > 1 ? (f.offsets ? 2 : 1) : 0;  // sc (+ mn): none at 1
-    return n * k * f.bits / 8 + groups * (factors + (f.offsets ? 0 : 1)) + sbs * (f.offsets ? 4 : 2);
+    return n * k * f.bits / 8 + groups * (factors + (f.offsets || f.zero >= 0 ? 0 : 1)) + sbs * (f.offsets ? 4 : 2);
   }
-  return n * k * f.bits / 8 + groups * (4 + (f.offsets ? 4 : 1));
+  return n * k * f.bits / 8 + groups * (4 + (f.offsets ? 4 : f.zero >= 0 ? 0 : 1));
 }
 
 void pack_expert(const Checkpoint& ck, PackedExperts& w13, PackedExperts& w2, int64_t e, const TensorRead& gate,

@@ -8,7 +8,7 @@ namespace moe {
 
 // A field added to PackedExperts must be added to encode_packed / decode_packed too: this
 // size is the one the fields below account for (x86-64).
-static_assert(sizeof(PackedExperts) == 960, "PackedExperts changed: update the weights cache records");
+static_assert(sizeof(PackedExperts) == 968, "PackedExperts changed: update the weights cache records");
 
 namespace {
 
@@ -29,7 +29,8 @@ constexpr Field kTensors[] = {
 PackedExperts empty_layout(const PackedExperts& p, bool offsets) {
   if (p.dtype == DType::F8E4M3) return make_packed_experts_fp8(1, p.n, p.k, p.gated, p.block_k);
   if (p.int4_group > 0)
-    return make_packed_experts_coded(1, p.n, p.k, p.gated, {p.int4_group, p.code_bits, offsets, p.sb_groups});
+    return make_packed_experts_coded(1, p.n, p.k, p.gated,
+                                     {p.int4_group, p.code_bits, offsets, p.sb_groups, p.uniform_zero});
   return make_packed_experts(1, p.n, p.k, p.dtype, p.gated);
 }
 
@@ -47,6 +48,7 @@ void encode_packed(CacheRecord& r, const std::string& prefix, const PackedExpert
   r.put(prefix + "code_bits", p.code_bits);
   r.put(prefix + "int4_zero_points", p.int4_zero_points ? 1 : 0);
   r.put(prefix + "sb_groups", p.sb_groups);
+  r.put(prefix + "uniform_zero", p.uniform_zero);
   r.put(prefix + "offsets", p.int4_group > 0 && coded_format(p).offsets ? 1 : 0);
   for (const Field& f : kTensors) r.put(prefix + f.name, p.*f.member);
 }
@@ -68,6 +70,9 @@ PackedExperts decode_packed(const CacheRecord& r, const std::string& prefix) {
   p.code_bits = static_cast<int>(r.get(prefix + "code_bits"));
   p.int4_zero_points = r.get(prefix + "int4_zero_points") != 0;
   p.sb_groups = r.get(prefix + "sb_groups");
+  const int64_t uz = r.get(prefix + "uniform_zero");
+  MOE_CHECK(uz >= -1 && uz < 256 && (uz < 0 || p.int4_group > 0), "{}uniform_zero: {}", prefix, uz);
+  p.uniform_zero = static_cast<int>(uz);
   MOE_CHECK(p.n_experts >= 0 && p.n_experts <= (int64_t{1} << 20), "{}n_experts: {}", prefix, p.n_experts);
   MOE_CHECK(p.int4_group == 0 || p.dtype == DType::I8, "{}: group codes in a {} weight", prefix, dtype_name(p.dtype));
   // The empty layout of the same format (its own checks refuse bad sizes and formats):

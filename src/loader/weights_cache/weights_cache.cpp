@@ -26,7 +26,7 @@ namespace {
 // Layout of a cache file: a header page, the tensors, then the index (JSON).
 constexpr char kMagic[8] = {'M', 'O', 'E', 'E', 'P', 'W', 'C', '\n'};
 // Bumped when the file layout or a record's fields change.
-constexpr uint64_t kVersion = 1;
+constexpr uint64_t kVersion = 2;
 constexpr uint64_t kPage = 4096;
 struct Header {
   char magic[8];
