@@ -123,6 +123,11 @@ const Case kCases[] = {
     // (32), and f32 scales with an odd k, gated.
     {2, 70, 256, false, {32, 4, false, 1, 8}}, {2, 2 * 96, 256, true, {32, 8, false, 1, 128}},
     {2, 2 * 64, 768, true, {16, 8, false, 16, 32}}, {3, 2 * 40, 301, true, {32, 4, false, 0, 15}},
+    // 6-bit codes (Q5_*, Q6_K): Q6_K's super-blocks with its zero point, Q5_K's, Q5_1's f16
+    // d and -m, and odd shapes with f32 scales and per-group zero points or offsets.
+    {2, 2 * 64, 768, true, {16, 6, false, 16, 32}}, {2, 70, 512, false, {32, 6, true, 8}},
+    {3, 2 * 40, 256, true, {32, 6, true, 1}},       {3, 2 * 40, 301, true, {32, 6, true}},
+    {1, 33, 1000, false, {64, 6, false}},           {1, 4096, 64, false, {16, 6, false}},
 };
 
 std::string name(const Case& c) {
@@ -161,7 +166,8 @@ TEST(CodedGemm, EveryIsaGivesTheReferenceBits) {
 TEST(CodedGemm, ExactGroupSums) {
   const int64_t N = 70, K = 264;
   for (const CodedFormat f : {CodedFormat{16, 8, false}, CodedFormat{128, 8, true}, CodedFormat{32, 8, true},
-                              CodedFormat{32, 4, true}, CodedFormat{128, 4, true}})
+                              CodedFormat{32, 4, true}, CodedFormat{128, 4, true}, CodedFormat{16, 6, false},
+                              CodedFormat{128, 6, true}})
     for (int extreme : {0, 1}) {
       const int64_t ng = int4_n_groups(K, f.group), top = (1 << f.bits) - 1;
       PackedExperts w = make_packed_experts_coded(1, N, K, false, f);
@@ -382,7 +388,11 @@ TEST(CodedGemm, BadInputsNameTheProblem) {
   };
   expect_error([] { make_packed_experts_coded(1, 8, 64, false, {16, 4, false}); }, "groups of 32, 64 or 128");
   expect_error([] { make_packed_experts_coded(1, 8, 64, false, {24, 8, true}); }, "16, 32, 64 or 128");
-  expect_error([] { make_packed_experts_coded(1, 8, 64, false, {32, 6, true}); }, "6-bit");
+  expect_error([] { make_packed_experts_coded(1, 8, 64, false, {32, 5, true}); }, "5-bit");
+  expect_error([] { make_packed_experts_coded(1, 8, 64, false, {32, 6, false, 0, 64}); }, "zero");
+  // 6-bit codes take three quarters of a byte each (and 8-bit ones a byte).
+  EXPECT_EQ(make_packed_experts_coded(1, 64, 256, false, {16, 6, false}).expert_stride, 64 * 256 * 3 / 4);
+  EXPECT_EQ(make_packed_experts_coded(1, 64, 256, false, {16, 8, false}).expert_stride, 64 * 256);
   std::mt19937 rng(1);
   PackedExperts p = make_packed_experts_coded(1, 8, 64, false, {32, 4, true});
   CodedWeight w = random_weight(8, 64, {32, 4, true}, rng);

@@ -295,9 +295,10 @@ TEST(GgufCheckpoint, KQuantExpertsAreExactCodes) {
   const MoeConfig cfg = MoeConfig::from_hf(g.config());
   // Q4_K and Q6_K keep their super-block factors (when a slice holds whole 256-weight
   // blocks: not MoE-TP's down slice of 128); Q5_1 its f16 d and m per group; Q5_K with
-  // Q8_0 in one matrix only f32 scales and offsets.
+  // Q8_0 in one matrix only f32 scales and offsets. Q6_K and Q5_1 in 6-bit codes (Q8_0's
+  // need 8), Q6_K with its one zero point, 32.
   struct Want { CodedFormat w13, w2; };
-  const Want want[] = {{{32, 4, true, 8}, {16, 8, false, 16}}, {{32, 8, true}, {32, 8, true, 1}}};
+  const Want want[] = {{{32, 4, true, 8}, {16, 6, false, 16, 32}}, {{32, 8, true}, {32, 6, true, 1}}};
   struct Layout { int64_t begin, end; int tp_rank, tp_size; };
   for (int64_t layer : {0, 1})
     for (const Layout lay : {Layout{0, -1, 0, 1}, Layout{2, 4, 0, 1}, Layout{1, 3, 1, 2}}) {
@@ -316,6 +317,7 @@ TEST(GgufCheckpoint, KQuantExpertsAreExactCodes) {
         EXPECT_EQ(c.group, f.group) << "layer " << layer;
         EXPECT_EQ(c.bits, f.bits) << "layer " << layer;
         EXPECT_EQ(c.offsets, f.offsets) << "layer " << layer;
+        EXPECT_EQ(c.zero, f.zero) << "layer " << layer;
       }
       const int64_t I = cfg.moe_intermediate_size, Il = I / lay.tp_size, i0 = lay.tp_rank * Il, H = cfg.hidden_size;
       const int64_t n_local = (lay.end < 0 ? cfg.n_experts : lay.end) - lay.begin;

@@ -120,6 +120,10 @@ using Runner = void (*)(const gg::Job&, const gg::Task&);
 Runner pick_runner(const PackedExperts& w) {
   const DType wt = w.dtype;
   const Isa isa = active_isa();
+  if (w.int4_group > 0 && w.code_bits == 6) {
+    if (isa >= Isa::Avx512 && cpu_features().avx512_vnni) return gg::run_task_avx512_vnni_g6;
+    return isa >= Isa::Avx2 ? gg::run_task_avx2_g6 : gg::run_task_portable_g6;
+  }
   if (w.int4_group > 0 && w.code_bits == 8) {
     if (isa >= Isa::Avx512 && cpu_features().avx512_vnni) return gg::run_task_avx512_vnni_g8;
     return isa >= Isa::Avx2 ? gg::run_task_avx2_g8 : gg::run_task_portable_g8;

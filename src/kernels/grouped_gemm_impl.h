@@ -241,5 +241,9 @@ void run_task_avx512_vnni_i4(const Job& j, const Task& t);  // vpdpbusd, grouped
 void run_task_portable_g8(const Job& j, const Task& t);
 void run_task_avx2_g8(const Job& j, const Task& t);
 void run_task_avx512_vnni_g8(const Job& j, const Task& t);
+// 6-bit codes (code_bits 6), likewise.
+void run_task_portable_g6(const Job& j, const Task& t);
+void run_task_avx2_g6(const Job& j, const Task& t);
+void run_task_avx512_vnni_g6(const Job& j, const Task& t);
 
 }  // namespace moe::gg

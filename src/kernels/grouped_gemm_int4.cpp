@@ -19,7 +19,8 @@ using gg::kPanel;
 bool valid_int4_group(int64_t g) { return g == 32 || g == 64 || g == 128; }
 
 bool valid_coded_format(const CodedFormat& f) {
-  const bool groups = f.bits == 4 ? valid_int4_group(f.group) : f.bits == 8 && (f.group == 16 || valid_int4_group(f.group));
+  const bool groups = f.bits == 4 ? valid_int4_group(f.group)
+                                  : (f.bits == 6 || f.bits == 8) && (f.group == 16 || valid_int4_group(f.group));
   return groups && f.sb_groups >= 0 && f.sb_groups <= 64 && f.zero >= -1 && f.zero < (1 << f.bits) &&
          !(f.offsets && f.zero >= 0);
 }
@@ -32,7 +33,7 @@ CodedFormat coded_format(const PackedExperts& p) {
 PackedExperts make_packed_experts_coded(int64_t n_experts, int64_t n, int64_t k, bool gated, const CodedFormat& f) {
   MOE_CHECK(valid_coded_format(f), "group-coded experts: {}-bit codes take groups of {} (got {}) and a uniform zero "
             "point in [0, {}) in the zero-point form only (got {})", f.bits,
-            f.bits == 8 ? "16, 32, 64 or 128" : "32, 64 or 128", f.group, 1 << f.bits, f.zero);
+            f.bits == 4 ? "32, 64 or 128" : "16, 32, 64 or 128", f.group, 1 << f.bits, f.zero);
   MOE_CHECK(n_experts >= 0 && n > 0 && k > 0, "group-coded experts: bad shape E={} n={} k={}", n_experts, n, k);
   MOE_CHECK(!gated || n % 2 == 0, "group-coded experts: gated weights need an even n (gate + up rows), got n={}", n);
   PackedExperts p;
@@ -44,7 +45,7 @@ PackedExperts make_packed_experts_coded(int64_t n_experts, int64_t n, int64_t k,
   p.k = k;
   p.gated = gated;
   const int64_t np = gg::n_panels(n, gated);
-  p.expert_stride = np * (f.bits == 8 ? gg::g8_panel_bytes(k) : gg::i4_panel_bytes(k));
+  p.expert_stride = np * gg::coded_panel_bytes(f.bits, k);
   // Zeroed: padding codes, zero points, offsets and scales read as 0 (see the layout).
   p.data = zeroed_huge_pages({n_experts * p.expert_stride}, DType::I8);
   const int64_t ng = int4_n_groups(k, f.group), cols = np * ng * kPanel;
@@ -126,8 +127,8 @@ namespace {
 // (the one of zero / offset the format does not use is null).
 void pack_coded_rows(PackedExperts& p, int64_t e, const uint8_t* u, const uint8_t* zero, const float* offset,
                      const float* scale) {
-  const bool g8 = p.code_bits == 8;
-  const int64_t np = n_panels(p.n, p.gated), pb = g8 ? g8_panel_bytes(p.k) : i4_panel_bytes(p.k), K = p.k;
+  const bool g8 = p.code_bits == 8, g6 = p.code_bits == 6;
+  const int64_t np = n_panels(p.n, p.gated), pb = coded_panel_bytes(p.code_bits, p.k), K = p.k;
   const int64_t ng = int4_n_groups(K, p.int4_group), cols = np * ng * kPanel;
   float* ws = scale ? p.w_scale.data<float>() + e * cols : nullptr;
   uint8_t* wz = zero ? p.w_zero.data<uint8_t>() + e * cols : nullptr;
@@ -140,6 +141,8 @@ void pack_coded_rows(PackedExperts& p, int64_t e, const uint8_t* u, const uint8_
       const uint8_t* ur = u + row * K;
       if (g8) {
         for (int64_t k = 0; k < K; ++k) dst[g8_byte(k, j)] = ur[k];
+      } else if (g6) {
+        for (int64_t k = 0; k < K; ++k) g6_set(dst + (k / 4) * kG6QuadBytes, j, static_cast<int>(k & 3), ur[k]);
       } else {
         // Whole bytes: byte i of octet o holds k = 8o + i (low nibble) and 8o + 4 + i (high),
         // both of this column, so nothing else shares it (k >= K: nibble 0, the padding).
@@ -190,7 +193,7 @@ void check_int4(const PackedExperts& p, int64_t e, const char* what) {
 }  // namespace
 
 void fill_job_i4(const PackedExperts& p, Job& j) {
-  j.panel_stride = p.code_bits == 8 ? g8_panel_bytes(p.k) : i4_panel_bytes(p.k);
+  j.panel_stride = coded_panel_bytes(p.code_bits, p.k);
   j.i4_n_groups = int4_n_groups(p.k, p.int4_group);
   j.i4_group = p.int4_group;
   j.q_stride = n_panels(p.n, p.gated) * j.i4_n_groups * kPanel;
@@ -287,7 +290,7 @@ void reference_i4(const GroupedGemmParams& p) {
 
 // Portable: per group, exact int32 dot products of the activations with the unsigned
 // codes and the group sums of the activations, then i4_flush. kBits: 4 (nibbles in
-// octets) or 8 (bytes in quads).
+// octets), 6 (nibbles and top bits in quads) or 8 (bytes in quads).
 template <int kBits>
 void run_task_portable_coded(const Job& j, const Task& t) {
   const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0;
@@ -313,14 +316,15 @@ void run_task_portable_coded(const Job& j, const Task& t) {
         constexpr int64_t kStep = kBits == 4 ? 8 : 4;
         const int64_t b1 = std::min((K + kStep - 1) / kStep, (G + 1) * g / kStep);
         for (int64_t o = G * g / kStep; o < b1; ++o) {
-          const uint8_t* b = panel + o * kI4OctetBytes;
+          const uint8_t* b = panel + o * (kBits == 6 ? kG6QuadBytes : kI4OctetBytes);
           for (int r = 0; r < mr; ++r) {
             const int8_t* ar = a[r] + kStep * o;  // bytes past K meet zero codes
             for (int c = 0; c < kPanel; ++c) {
               int32_t s = 0;
               for (int i = 0; i < 4; ++i)
-                s += kBits == 4 ? ar[i] * (b[4 * c + i] & 0x0f) + ar[4 + i] * (b[4 * c + i] >> 4)
-                                : ar[i] * b[4 * c + i];
+                s += kBits == 4   ? ar[i] * (b[4 * c + i] & 0x0f) + ar[4 + i] * (b[4 * c + i] >> 4)
+                     : kBits == 6 ? ar[i] * g6_code(b, c, i)
+                                  : ar[i] * b[4 * c + i];
               dot[r][c] += s;
             }
           }
@@ -340,6 +344,7 @@ void run_task_portable_coded(const Job& j, const Task& t) {
 
 void run_task_portable_i4(const Job& j, const Task& t) { run_task_portable_coded<4>(j, t); }
 void run_task_portable_g8(const Job& j, const Task& t) { run_task_portable_coded<8>(j, t); }
+void run_task_portable_g6(const Job& j, const Task& t) { run_task_portable_coded<6>(j, t); }
 
 }  // namespace gg
 
@@ -465,8 +470,8 @@ void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w) {
 
 CodedWeight unpack_expert_coded(const PackedExperts& p, int64_t e) {
   gg::check_int4(p, e, "unpack_expert_coded");
-  const bool g8 = p.code_bits == 8;
-  const int64_t np = gg::n_panels(p.n, p.gated), pb = g8 ? gg::g8_panel_bytes(p.k) : gg::i4_panel_bytes(p.k), K = p.k;
+  const bool g8 = p.code_bits == 8, g6 = p.code_bits == 6;
+  const int64_t np = gg::n_panels(p.n, p.gated), pb = gg::coded_panel_bytes(p.code_bits, p.k), K = p.k;
   const int64_t ng = int4_n_groups(K, p.int4_group), cols = np * ng * kPanel;
   const bool sb = p.sb_groups > 0, off = p.w_offset.defined() || p.w_sb_m.defined();
   const int64_t nsb = sb ? (ng + p.sb_groups - 1) / p.sb_groups : 0, sb_cols = np * nsb * kPanel;
@@ -494,7 +499,9 @@ CodedWeight unpack_expert_coded(const PackedExperts& p, int64_t e) {
       if (row < 0) continue;
       uint8_t* ur = w.u.data<uint8_t>() + row * K;
       for (int64_t k = 0; k < K; ++k)
-        ur[k] = g8 ? src[gg::g8_byte(k, j)] : static_cast<uint8_t>((src[gg::i4_byte(k, j)] >> gg::i4_shift(k)) & 0x0f);
+        ur[k] = g8   ? src[gg::g8_byte(k, j)]
+                : g6 ? static_cast<uint8_t>(gg::g6_code(src + (k / 4) * gg::kG6QuadBytes, j, static_cast<int>(k & 3)))
+                     : static_cast<uint8_t>((src[gg::i4_byte(k, j)] >> gg::i4_shift(k)) & 0x0f);
       for (int64_t G = 0; G < ng; ++G) {
         const int64_t at = e * cols + (P * ng + G) * kPanel + j, r = row * ng + G;
         if (w.zero.defined())

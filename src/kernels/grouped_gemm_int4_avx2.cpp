@@ -130,8 +130,10 @@ static void flush(const __m256i* dot, int64_t at, const float* ws, const uint8_t
 // to int16 (vpmovzxbw) and multiplied with the row's 4 activations, widened and
 // broadcast, by vpmaddwd: exact int32 pair sums, two per column per quad, kept apart
 // (columns 0-3 and 4-7 of the ymm) until the group's end, where vphaddd adds each
-// column's two and vpermq puts the 8 columns in order.
-struct Avx2G8 : Avx2 {
+// column's two and vpermq puts the 8 columns in order. K gives column block cb's 32 code
+// bytes of quad o (8 columns x 4 k, the quad layout's order) and prefetches quad o.
+template <class K>
+struct Avx2Bytes : Avx2 {
   template <int MR, bool kPrefetch>
   static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                           const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
@@ -142,17 +144,10 @@ struct Avx2G8 : Avx2 {
         __m256i lo[MR], hi[MR];
         for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
         for (int64_t o = q0; o < q1; ++o) {
-          const uint8_t* bp = panel + o * kI4OctetBytes;
           if constexpr (kPrefetch) {
-            if (cb == 0) {
-              const char* pf = reinterpret_cast<const char*>(bp) + kPrefetchBytes;
-              _mm_prefetch(pf, _MM_HINT_T1);
-              _mm_prefetch(pf + 64, _MM_HINT_T1);
-              _mm_prefetch(pf + 128, _MM_HINT_T1);
-              _mm_prefetch(pf + 192, _MM_HINT_T1);
-            }
+            if (cb == 0) K::prefetch(panel, o);
           }
-          const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(bp + cb * 32));
+          const __m256i w = K::codes(panel, o, cb);
           const __m256i wl = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
           const __m256i wh = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
           for (int r = 0; r < MR; ++r) {
@@ -171,9 +166,42 @@ struct Avx2G8 : Avx2 {
   }
 };
 
+struct G8Codes {
+  static __m256i codes(const uint8_t* panel, int64_t o, int cb) {
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + o * kI4OctetBytes + cb * 32));
+  }
+  static void prefetch(const uint8_t* panel, int64_t o) {
+    const char* pf = reinterpret_cast<const char*>(panel + o * kI4OctetBytes) + kPrefetchBytes;
+    for (int b = 0; b < 256; b += 64) _mm_prefetch(pf + b, _MM_HINT_T1);
+  }
+};
+
+// 6-bit codes (the 192-byte quads): block cb is half of chunk cb / 2, its low nibbles
+// (cb even: columns 0-7) or high ones (odd: 8-15), or'ed with the top bits of its two
+// 4-column lanes (the chunk's 16 top-bit bytes in both 128-bit lanes, shifted right by
+// 2s for column group s).
+struct G6Codes {
+  static __m256i codes(const uint8_t* panel, int64_t o, int cb) {
+    const uint8_t* quad = panel + o * kG6QuadBytes;
+    const int q = cb / 2;
+    const __m256i nb = _mm256_load_si256(reinterpret_cast<const __m256i*>(quad + 32 * q));
+    const __m256i nib = _mm256_and_si256(cb % 2 ? _mm256_srli_epi16(nb, 4) : nb, _mm256_set1_epi8(0x0f));
+    const __m256i top =
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(quad + 128 + 16 * q)));
+    const __m256i sh = cb % 2 ? _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4) : _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
+    return _mm256_or_si256(
+        nib, _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(top, sh), _mm256_set1_epi8(0x03)), 4));
+  }
+  static void prefetch(const uint8_t* panel, int64_t o) {
+    const char* pf = reinterpret_cast<const char*>(panel + o * kG6QuadBytes) + kPrefetchBytes;
+    for (int b = 0; b < kG6QuadBytes; b += 64) _mm_prefetch(pf + b, _MM_HINT_T1);
+  }
+};
+
 }  // namespace
 
 void run_task_avx2_i4(const Job& j, const Task& t) { i4_run_task<Avx2>(j, t); }
-void run_task_avx2_g8(const Job& j, const Task& t) { i4_run_task<Avx2G8>(j, t); }
+void run_task_avx2_g8(const Job& j, const Task& t) { i4_run_task<Avx2Bytes<G8Codes>>(j, t); }
+void run_task_avx2_g6(const Job& j, const Task& t) { i4_run_task<Avx2Bytes<G6Codes>>(j, t); }
 
 }  // namespace moe::gg

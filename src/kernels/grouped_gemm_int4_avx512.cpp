@@ -206,6 +206,49 @@ struct Avx512VnniG8 : Avx512Vnni {
     }
   }
 };
+
+// 6-bit codes (grouped_gemm_int4_impl.h's 192-byte quads): each 16-column chunk is
+// rebuilt into the 8-bit layout's 64 bytes from its 32 nibble bytes (low nibbles:
+// columns 0-7, high: 8-15) and its 16 top-bit bytes broadcast to the 4 lanes, lane s
+// shifted right by 2s. Codes <= 63, so the 8-bit runner's bounds hold.
+struct Avx512VnniG6 : Avx512Vnni {
+  static __m512i chunk(const uint8_t* quad, int q, __m256i m4, __m512i m2, __m512i shifts) {
+    const __m256i nb = _mm256_load_si256(reinterpret_cast<const __m256i*>(quad + 32 * q));
+    const __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(nb, m4)),
+                                          _mm256_and_si256(_mm256_srli_epi16(nb, 4), m4), 1);
+    const __m512i top = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(quad + 128 + 16 * q)));
+    return _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(top, shifts), m2), 4));
+  }
+  template <int MR, bool kPrefetch>
+  static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                          const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
+    const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m512i m2 = _mm512_set1_epi8(0x03), shifts = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i c00 = zero, c01 = zero, c02 = zero, c03 = zero, c10 = zero, c11 = zero, c12 = zero, c13 = zero;
+    __m512i c20 = zero, c21 = zero, c22 = zero, c23 = zero, c30 = zero, c31 = zero, c32 = zero, c33 = zero;
+    for (int64_t G = 0; G < ng; ++G) {
+      const int64_t q1 = std::min(n_q, (G + 1) * gq);
+      for (int64_t o = G * gq; o < q1; ++o) {
+        const uint8_t* bp = panel + o * kG6QuadBytes;
+        if constexpr (kPrefetch) {
+          const char* pf = reinterpret_cast<const char*>(bp) + kPrefetchBytes;
+          _mm_prefetch(pf, _MM_HINT_T1);
+          _mm_prefetch(pf + 64, _MM_HINT_T1);
+          _mm_prefetch(pf + 128, _MM_HINT_T1);
+        }
+        const __m512i w0 = chunk(bp, 0, m4, m2, shifts), w1 = chunk(bp, 1, m4, m2, shifts),
+                      w2 = chunk(bp, 2, m4, m2, shifts), w3 = chunk(bp, 3, m4, m2, shifts);
+        MOE_G8_ROW(0) MOE_G8_ROW(1) MOE_G8_ROW(2) MOE_G8_ROW(3)
+      }
+      const float* sg = ws + G * kPanel;
+      const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16), s2 = _mm512_loadu_ps(sg + 32),
+                   s3 = _mm512_loadu_ps(sg + 48);
+      MOE_I4_FLUSH_GROUP
+    }
+  }
+};
 #undef MOE_I4_DECODE
 #undef MOE_I4_ROW
 #undef MOE_G8_ROW
@@ -219,5 +262,6 @@ struct Avx512VnniG8 : Avx512Vnni {
 
 void run_task_avx512_vnni_i4(const Job& j, const Task& t) { i4_run_task<Avx512Vnni>(j, t); }
 void run_task_avx512_vnni_g8(const Job& j, const Task& t) { i4_run_task<Avx512VnniG8>(j, t); }
+void run_task_avx512_vnni_g6(const Job& j, const Task& t) { i4_run_task<Avx512VnniG6>(j, t); }
 
 }  // namespace moe::gg

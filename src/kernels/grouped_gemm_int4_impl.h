@@ -12,6 +12,14 @@
 // 8-bit codes (code_bits 8, GGUF's 5-, 6- and 8-bit types): a panel is [ceil(K/4) quads]
 // [64 columns][4 bytes], byte i of column c in quad o holding u[c, 4o + i], the order
 // vpdpbusd reduces (16 columns x 4 k per 64-byte load); padding is code 0.
+// 6-bit codes (code_bits 6, GGUF's Q5_* and Q6_K): a panel is [ceil(K/4) quads][192
+// bytes]: per quad, 4 chunks of 16 columns, first their low nibbles (chunk q's 32 bytes at
+// 32q: byte b holds column 16q + b/4 in its low nibble and 16q + 8 + b/4 in its high one,
+// k = 4o + b%4), then their top 2 bits (chunk q's 16 bytes at 128 + 16q: bits 2s..2s+1 of
+// byte b belong to column 16q + 4s + b/4, k = 4o + b%4). So `and 0x0f` / `srli 4; and
+// 0x0f` of a chunk's 32 bytes are its columns 0-7 / 8-15 in the quad layout's [column][4 k]
+// order, and the 16 bytes broadcast to four lanes and shifted right by 2s per lane are the
+// top bits in the same order: 0.75 byte per code instead of 1. Padding is code 0.
 // Scales (f32), zero points (u8) or offsets (f32): PackedExperts::w_scale / w_zero /
 // w_offset, entry e * q_stride + (P * n_groups + G) * 64 + c: a group's 64 column values
 // are contiguous. Per group and column the runners add, in this order,
@@ -52,6 +60,34 @@ inline int i4_shift(int64_t k) { return (k & 4) ? 4 : 0; }
 inline int64_t g8_quads(int64_t k) { return (k + 3) / 4; }
 inline int64_t g8_panel_bytes(int64_t k) { return g8_quads(k) * kI4OctetBytes; }
 inline int64_t g8_byte(int64_t k, int c) { return (k / 4) * kI4OctetBytes + c * 4 + (k & 3); }
+
+// The 6-bit code layout: quads of k, 192 bytes each.
+inline constexpr int64_t kG6QuadBytes = kPanel * 3;
+inline int64_t g6_panel_bytes(int64_t k) { return g8_quads(k) * kG6QuadBytes; }
+// Where u[c, k] lives in its quad (q points at the quad): the nibble byte and shift, and
+// the top-bits byte and shift.
+struct G6Place {
+  int64_t nib, top;
+  int nib_shift, top_shift;
+};
+inline G6Place g6_place(int c, int i) {  // i = k % 4
+  const int q = c / 16, cc = c % 16;
+  return {q * 32 + (cc % 8) * 4 + i, 128 + q * 16 + (cc % 4) * 4 + i, cc >= 8 ? 4 : 0, 2 * (cc / 4)};
+}
+inline int g6_code(const uint8_t* quad, int c, int i) {
+  const G6Place p = g6_place(c, i);
+  return ((quad[p.nib] >> p.nib_shift) & 0x0f) | (((quad[p.top] >> p.top_shift) & 0x03) << 4);
+}
+// Each byte holds codes of 2 or 4 columns: the caller's bits are cleared, then set.
+inline void g6_set(uint8_t* quad, int c, int i, int u) {
+  const G6Place p = g6_place(c, i);
+  quad[p.nib] = static_cast<uint8_t>((quad[p.nib] & ~(0x0f << p.nib_shift)) | ((u & 0x0f) << p.nib_shift));
+  quad[p.top] = static_cast<uint8_t>((quad[p.top] & ~(0x03 << p.top_shift)) | (((u >> 4) & 0x03) << p.top_shift));
+}
+// A panel's bytes for `bits`-bit codes.
+inline int64_t coded_panel_bytes(int bits, int64_t k) {
+  return bits == 8 ? g8_panel_bytes(k) : bits == 6 ? g6_panel_bytes(k) : i4_panel_bytes(k);
+}
 
 // One group's flush for one row and column (the order in the layout comment above).
 inline float i4_flush(float acc, int32_t dot, int32_t sa, float s, const uint8_t* z, const float* off, int64_t i) {

@@ -174,7 +174,8 @@ CodedFormat common_format(const Checkpoint& ck, const std::vector<const TensorRe
     const GgmlType t = type_of(ck, *r);
     const GroupLayout lay = *group_layout(t);
     f.group = std::min<int64_t>(f.group, lay.group_size);
-    if (lay.bits > 4) f.bits = 8;
+    // 4-bit codes in nibbles, 5- and 6-bit ones (Q5_*, Q6_K) in 6 bits, 8-bit ones in bytes.
+    f.bits = std::max(f.bits, lay.bits <= 4 ? 4 : lay.bits <= 6 ? 6 : 8);
     if (lay.zero < 0) f.offsets = true;
     one = r == reads.front() || (one && *one == t) ? std::optional(t) : std::nullopt;
     const ShardPlan p = plan_shard(*r);
