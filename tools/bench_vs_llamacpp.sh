@@ -26,8 +26,8 @@
 #   bf16 vs BF16, --quantize w8a8 vs Q8_0, --quantize w4a8 vs Q4_0 and Q4_K_M;
 #   and with mode "gguf" in MODES, moe-ep on the very GGUF file the peer runs, for each
 #   type in GGUF_TYPES (default "BF16 Q4_0"): rows "gguf:TYPE" (moe-ep keeps every tensor
-#   of an integer-coded type in its codes, exactly: 4-bit types in 4 bits, 5- to 8-bit
-#   ones in 8; with LINEARS w8a8 it requantises the attention linears and lm_head to int8
+#   of an integer-coded type in its codes, exactly: 4-bit types in 4 bits, 5- and 6-bit
+#   ones in 6, Q8_0 in 8; with LINEARS w8a8 it requantises the attention linears and lm_head to int8
 #   instead, so LINEARS=none is the same-bytes comparison).
 # A case whose GGUF is missing, or that this moe-ep build lacks (w4a8), prints "-".
 #
@@ -328,7 +328,7 @@ def gguf_bytes(path):
     return total + 2.0 * kv_elems  # KV f16
 
 # moe-ep's group-coded storage of GGUF's integer types (loader/gguf/gguf_experts.h), bytes
-# per weight: codes (4-bit types half a byte, the others one), then for the K-quants per
+# per weight: codes (4-bit types half a byte, 5- and 6-bit ones three quarters, Q8_0 one), then for the K-quants per
 # group an i8 scale factor (and a u8 min factor), per 256 an f16 d (and dmin); for the
 # others per group an f16 d (and -m for Q4_1 / Q5_1). The symmetric types' zero point is
 # one code per tensor (CodedFormat::zero), not stored per group. (One rank: no MoE-TP
@@ -336,11 +336,11 @@ def gguf_bytes(path):
 CODED = {2: 0.5 + 2 / 32,               # Q4_0
          3: 0.5 + 4 / 32,               # Q4_1
          12: 0.5 + 2 / 32 + 4 / 256,    # Q4_K
-         6: 1 + 2 / 32,                 # Q5_0
+         6: 0.75 + 2 / 32,              # Q5_0
          8: 1 + 2 / 32,                 # Q8_0
-         14: 1 + 1 / 16 + 2 / 256,      # Q6_K (groups of 16)
-         7: 1 + 4 / 32,                 # Q5_1
-         13: 1 + 2 / 32 + 4 / 256}      # Q5_K
+         14: 0.75 + 1 / 16 + 2 / 256,   # Q6_K (groups of 16): the file's 210 bytes per 256
+         7: 0.75 + 4 / 32,              # Q5_1
+         13: 0.75 + 2 / 32 + 4 / 256}   # Q5_K
 
 def moe_gguf_bytes(path):
     """Bytes per decode token of moe-ep running a GGUF: tensors of integer-coded types in

@@ -96,7 +96,7 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
                   "w4a8 = 4-bit weights with a scale and zero point per --int4-group input values of each output "
                   "channel, and the same int8 activations (and dispatch rows) as w8a8. none: the experts as the "
                   "checkpoint stores them (a GGUF's quantised experts keep their codes, exactly: Q4_0, Q4_1 and Q4_K "
-                  "in 4 bits, Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 in 8, with the file's scales and int8 activations)")
+                  "in 4 bits, Q5_0, Q5_1, Q5_K and Q6_K in 6, Q8_0 in 8, with the file's scales and int8 activations)")
       ->check(CLI::IsMember({"none", "w8a8", "w4a8"}))
       ->capture_default_str();
   cmd->add_option("--int4-group", o.int4_group,

@@ -63,7 +63,7 @@ struct PackedExperts {
   int64_t block_k = 0;
   // I8 with group-coded weights (kernels/grouped_gemm_int4.h) when > 0: k values per
   // weight group (int4: 32, 64 or 128; 8-bit codes also 16). Then data holds unsigned
-  // codes of code_bits bits (4: nibbles, W4A8; 8: bytes, GGUF's 5-, 6- and 8-bit types),
+  // codes of code_bits bits (4: nibbles, W4A8; 6: GGUF's 5- and 6-bit types; 8: bytes, Q8_0),
   // w_scale the f32 scale of each (packed column, group) and either w_zero (u8 zero
   // points: w = (u - z) * s) or w_offset (f32: w = u * s - offset, GGUF's Q4_K / Q5_K /
   // Q4_1 / Q5_1 mins); w_comp is undefined.

@@ -72,7 +72,7 @@ size_t int4_bytes_per_expert(const PackedExperts& p);
 // for codes of 5 to 8 bits. Activations are the same int8 Q8 rows as W4A8's.
 struct CodedFormat {
   int64_t group = 32;
-  int bits = 4;          // 4 or 8
+  int bits = 4;          // 4, 6 or 8
   bool offsets = false;  // offset form (else zero points)
   // > 0: super-block scales (PackedExperts::sb_groups): per group an i8 sc (and a u8 mn),
   // per sb_groups groups an f16 D (and M); scale = D * sc, offset = M * mn. GGUF's

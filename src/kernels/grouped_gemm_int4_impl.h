@@ -9,7 +9,7 @@
 // `srli 4; and 0x0f` the quad 8o+4..8o+7, each in the [8 columns][4 k] order
 // vpmaddubsw + vpmaddwd reduce to one int32 per column. Padding (k >= K, columns past n)
 // is nibble 0 with zero point 0 and scale 0.
-// 8-bit codes (code_bits 8, GGUF's 5-, 6- and 8-bit types): a panel is [ceil(K/4) quads]
+// 8-bit codes (code_bits 8, GGUF's Q8_0): a panel is [ceil(K/4) quads]
 // [64 columns][4 bytes], byte i of column c in quad o holding u[c, 4o + i], the order
 // vpdpbusd reduces (16 columns x 4 k per 64-byte load); padding is code 0.
 // 6-bit codes (code_bits 6, GGUF's Q5_* and Q6_K): a panel is [ceil(K/4) quads][192

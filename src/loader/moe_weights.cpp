@@ -507,7 +507,7 @@ MoeLayerWeights load_moe_layer_packed(const Checkpoint& ck, const MoeConfig& cfg
     MOE_CHECK(valid_int4_group(opt.int4_group), "--int4-group must be 32, 64 or 128, got {}", opt.int4_group);
   }
   // GGUF integer-coded experts (per-expert keys: gguf_checkpoint.h presents them so) stay
-  // as stored, 4-bit types in 4 bits and the others in 8 (gguf_experts.h). With --quantize
+  // as stored, 4-bit types in 4 bits, 5- and 6-bit in 6, Q8_0 in 8 (gguf_experts.h). With --quantize
   // w4a8 only those already 4-bit with its group; otherwise they are requantised.
   std::optional<CodedFormat> gguf_f13, gguf_f2;
   if (opt.gguf_q4_0_as_int4 && !fused_gu && n_local > 0 && qf == QuantFormat::None && !opt.quantize_w8a8 &&

@@ -101,7 +101,7 @@ struct LinearOptions {
 
 // bf16 compute keeps an FP8 block-scaled weight as e4m3; f32 compute dequantises it.
 // keep_int4: a GGUF weight of an integer-coded type (Q4_0 ... Q6_K) becomes a group-coded
-// linear holding its codes, 4-bit types in 4 bits and the others in 8, exactly
+// linear holding its codes, 4-bit types in 4 bits, 5- and 6-bit in 6, Q8_0 in 8, exactly
 // (loader/gguf/gguf_experts.h; int8 inputs per token, as W8A8's), whatever `compute`;
 // otherwise it is dequantised like any float weight. The same flag keeps a GPTQ / AWQ /
 // compressed-tensors int4 weight ("<m>.qweight" / "<m>.weight_packed" in place of

@@ -59,7 +59,7 @@ struct ModelOptions {
   bool quantize_w4a8 = false;
   int64_t int4_group = 32;
   // GGUF weights of integer-coded types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)
-  // stay in their codes, exactly (4-bit types in 4 bits, the others in 8;
+  // stay in their codes, exactly (4-bit types in 4 bits, 5- and 6-bit ones in 6, Q8_0 in 8;
   // loader/gguf/gguf_experts.h): the routed experts (MlpLoadOptions::gguf_q4_0_as_int4),
   // dense and shared MLPs, and, unless quantize_linears asks for int8, the attention
   // projections and lm_head (load_linear). false: dequantised to `dtype` (f32 holds them

@@ -6,9 +6,11 @@
 // weights, an f32 scale and offset with w = scale * q - offset equal to ggml's
 // dequantised value (gguf_types.h). The kernels hold exactly that:
 //   4-bit types (Q4_0, Q4_1, Q4_K)        4-bit codes (W4A8's nibbles, half a byte each)
-//   5- to 8-bit types (Q5_*, Q6_K, Q8_0)  8-bit codes, one byte each
+//   5- and 6-bit types (Q5_*, Q6_K)       6-bit codes (three quarters of a byte each)
+//   8-bit type (Q8_0)                     8-bit codes, one byte each
 //   symmetric types (Q4_0, Q5_0, Q8_0, Q6_K): zero points, w = (q - zero) * scale (the
-//     same value: offset = zero * scale exactly, gguf_types.cpp), u8 per group;
+//     same value: offset = zero * scale exactly, gguf_types.cpp), one per tensor (the
+//     type's: 8, 16, 128, 32; a u8 per group where gate and up of two types share one);
 //   the types with a min (Q4_1, Q5_1, Q4_K, Q5_K): f32 offsets per group.
 // Every product is exact, so the weights the GEMM multiplies are ggml's dequantised
 // values exactly; only the activations are quantised (int8 per token, as every W4A8 and
@@ -29,7 +31,8 @@ namespace moe::gguf {
 bool is_coded(const Checkpoint& ck, const TensorRead& r);
 
 // The one format that holds all of `reads` (each is_coded): the finest group (16 when
-// one is Q6_K), 8-bit codes when one has more than 4 bits, offsets when one has a min.
+// one is Q6_K), the widest codes one needs (4, 6 or 8 bits), offsets when one has a
+// min, one zero point when all are symmetric with the same.
 // (gate and up share a packed matrix, so they share its format.)
 CodedFormat common_format(const Checkpoint& ck, const std::vector<const TensorRead*>& reads);
 
