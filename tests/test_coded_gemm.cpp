@@ -262,6 +262,27 @@ TEST(CodedGemm, IsTheFloatGemmOfTheGivenWeights) {
   }
 }
 
+// x and y (two storages of the same weights) give the same bits on every ISA, at 1 and 5
+// rows per expert (decode and prefill).
+void expect_same_gemm(const PackedExperts& x, const PackedExperts& y, const Case& c, uint64_t seed) {
+  for (int64_t per : {1, 5}) {
+    std::vector<int64_t> offsets(c.E + 1, 0);
+    for (int64_t e = 0; e < c.E; ++e) offsets[e + 1] = offsets[e] + per;
+    const std::vector<char> a = q8_rows(test::random_f32({offsets.back(), c.K}, 1.f, seed));
+    for (Isa isa : test::available_isas()) {
+      test::IsaScope scope(isa);
+      Tensor gx = Tensor::zeros({offsets.back(), x.n_out()}, DType::F32), gy = gx.clone();
+      GroupedGemmParams p = params(x, a, offsets, DType::F32);
+      p.c = gx.raw();
+      grouped_gemm(p);
+      p = params(y, a, offsets, DType::F32);
+      p.c = gy.raw();
+      grouped_gemm(p);
+      ASSERT_EQ(0, std::memcmp(gx.raw(), gy.raw(), gx.nbytes())) << isa_name(isa) << " " << name(c);
+    }
+  }
+}
+
 // The super-block form is a storage of the plain form: packed with its effective scales
 // and offsets (D * sc, M * mn) in f32 per group, the plain form gives the same bits on
 // every ISA, and the super-block effective values are f16(D) * sc exactly.
@@ -284,22 +305,7 @@ TEST(CodedGemm, SuperBlocksEqualThePlainFormOfTheirProducts) {
       w.sb_d = w.sb_m = w.sc = w.mn = Tensor();
       pack_expert_coded(pl, e, w);
     }
-    for (int64_t per : {1, 5}) {
-      std::vector<int64_t> offsets(c.E + 1, 0);
-      for (int64_t e = 0; e < c.E; ++e) offsets[e + 1] = offsets[e] + per;
-      const std::vector<char> a = q8_rows(test::random_f32({offsets.back(), c.K}, 1.f, 32));
-      for (Isa isa : test::available_isas()) {
-        test::IsaScope scope(isa);
-        Tensor x = Tensor::zeros({offsets.back(), sb.n_out()}, DType::F32), y = x.clone();
-        GroupedGemmParams p = params(sb, a, offsets, DType::F32);
-        p.c = x.raw();
-        grouped_gemm(p);
-        p = params(pl, a, offsets, DType::F32);
-        p.c = y.raw();
-        grouped_gemm(p);
-        ASSERT_EQ(0, std::memcmp(x.raw(), y.raw(), x.nbytes())) << isa_name(isa) << " " << name(c);
-      }
-    }
+    expect_same_gemm(sb, pl, c, 32);
     // Fewer bytes: per group an i8 (and a u8) instead of one or two f32.
     EXPECT_LT(int4_bytes_per_expert(sb), int4_bytes_per_expert(pl)) << name(c);
   }
@@ -322,22 +328,7 @@ TEST(CodedGemm, UniformZeroEqualsThePerGroupForm) {
       const CodedWeight back = unpack_expert_coded(uz, e);
       ASSERT_EQ(0, std::memcmp(back.zero.raw(), kept[e].zero.raw(), kept[e].zero.nbytes())) << name(c);
     }
-    for (int64_t per_e : {1, 5}) {
-      std::vector<int64_t> offsets(c.E + 1, 0);
-      for (int64_t e = 0; e < c.E; ++e) offsets[e + 1] = offsets[e] + per_e;
-      const std::vector<char> a = q8_rows(test::random_f32({offsets.back(), c.K}, 1.f, 42));
-      for (Isa isa : test::available_isas()) {
-        test::IsaScope scope(isa);
-        Tensor x = Tensor::zeros({offsets.back(), uz.n_out()}, DType::F32), y = x.clone();
-        GroupedGemmParams p = params(uz, a, offsets, DType::F32);
-        p.c = x.raw();
-        grouped_gemm(p);
-        p = params(pg, a, offsets, DType::F32);
-        p.c = y.raw();
-        grouped_gemm(p);
-        ASSERT_EQ(0, std::memcmp(x.raw(), y.raw(), x.nbytes())) << isa_name(isa) << " " << name(c);
-      }
-    }
+    expect_same_gemm(uz, pg, c, 42);
     EXPECT_EQ(int4_bytes_per_expert(pg) - int4_bytes_per_expert(uz), pg.w_zero.nbytes() / static_cast<size_t>(c.E))
         << name(c);
     CodedWeight odd = kept[0];

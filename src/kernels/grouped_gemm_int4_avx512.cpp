@@ -172,11 +172,13 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
 
 };
 
-// 8-bit codes (grouped_gemm_int4_impl.h's quad layout): one 64-byte load is 16 columns x
-// one k quad, already the [column][4 k] order vpdpbusd reduces, so there is no decode.
-// |dot| per group of at most 128 k: 128 * 255 * 128 = 4177920 < 2^24, and |z * sum(a)|
-// the same, so the int32 difference and its float are exact as in the 4-bit runner.
-struct Avx512VnniG8 : Avx512Vnni {
+// Byte codes: 8-bit codes, and 6-bit codes rebuilt into the 8-bit layout. K::codes gives
+// quad o's four 64-byte blocks (16 columns x 4 k each, the [column][4 k] order vpdpbusd
+// reduces) and K::prefetch prefetches quad o. |dot| per group of at most 128 k:
+// 128 * 255 * 128 = 4177920 < 2^24, and |z * sum(a)| the same, so the int32 difference
+// and its float are exact as in the 4-bit runner.
+template <class K>
+struct Avx512Bytes : Avx512Vnni {
   template <int MR, bool kPrefetch>
   static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                           const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
@@ -187,16 +189,9 @@ struct Avx512VnniG8 : Avx512Vnni {
     for (int64_t G = 0; G < ng; ++G) {
       const int64_t q1 = std::min(n_q, (G + 1) * gq);
       for (int64_t o = G * gq; o < q1; ++o) {
-        const uint8_t* bp = panel + o * kI4OctetBytes;
-        if constexpr (kPrefetch) {
-          const char* pf = reinterpret_cast<const char*>(bp) + kPrefetchBytes;
-          _mm_prefetch(pf, _MM_HINT_T1);
-          _mm_prefetch(pf + 64, _MM_HINT_T1);
-          _mm_prefetch(pf + 128, _MM_HINT_T1);
-          _mm_prefetch(pf + 192, _MM_HINT_T1);
-        }
-        const __m512i w0 = _mm512_load_si512(bp), w1 = _mm512_load_si512(bp + 64), w2 = _mm512_load_si512(bp + 128),
-                      w3 = _mm512_load_si512(bp + 192);
+        if constexpr (kPrefetch) K::prefetch(panel, o);
+        __m512i w0, w1, w2, w3;
+        K::codes(panel, o, w0, w1, w2, w3);
         MOE_G8_ROW(0) MOE_G8_ROW(1) MOE_G8_ROW(2) MOE_G8_ROW(3)
       }
       const float* sg = ws + G * kPanel;
@@ -207,47 +202,45 @@ struct Avx512VnniG8 : Avx512Vnni {
   }
 };
 
-// 6-bit codes (grouped_gemm_int4_impl.h's 192-byte quads): each 16-column chunk is
-// rebuilt into the 8-bit layout's 64 bytes from its 32 nibble bytes (low nibbles:
-// columns 0-7, high: 8-15) and its 16 top-bit bytes broadcast to the 4 lanes, lane s
-// shifted right by 2s. Codes <= 63, so the 8-bit runner's bounds hold.
-struct Avx512VnniG6 : Avx512Vnni {
-  static __m512i chunk(const uint8_t* quad, int q, __m256i m4, __m512i m2, __m512i shifts) {
+inline void prefetch_quad(const uint8_t* quad, int64_t bytes) {
+  const char* pf = reinterpret_cast<const char*>(quad) + kPrefetchBytes;
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(pf + b, _MM_HINT_T1);
+}
+
+// 8-bit codes (grouped_gemm_int4_impl.h's quad layout): already in that order, no decode.
+struct G8Codes {
+  static void codes(const uint8_t* panel, int64_t o, __m512i& w0, __m512i& w1, __m512i& w2, __m512i& w3) {
+    const uint8_t* bp = panel + o * kI4OctetBytes;
+    w0 = _mm512_load_si512(bp);
+    w1 = _mm512_load_si512(bp + 64);
+    w2 = _mm512_load_si512(bp + 128);
+    w3 = _mm512_load_si512(bp + 192);
+  }
+  static void prefetch(const uint8_t* panel, int64_t o) { prefetch_quad(panel + o * kI4OctetBytes, kI4OctetBytes); }
+};
+
+// 6-bit codes (the 192-byte quads): each 16-column chunk is rebuilt from its 32 nibble
+// bytes (low nibbles: columns 0-7, high: 8-15) and its 16 top-bit bytes broadcast to the
+// 4 lanes, lane s shifted right by 2s. Codes <= 63.
+struct G6Codes {
+  static __m512i chunk(const uint8_t* quad, int q) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i nb = _mm256_load_si256(reinterpret_cast<const __m256i*>(quad + 32 * q));
     const __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(nb, m4)),
                                           _mm256_and_si256(_mm256_srli_epi16(nb, 4), m4), 1);
     const __m512i top = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(quad + 128 + 16 * q)));
-    return _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(top, shifts), m2), 4));
+    const __m512i shifts = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
+    return _mm512_or_si512(
+        lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(top, shifts), _mm512_set1_epi8(0x03)), 4));
   }
-  template <int MR, bool kPrefetch>
-  static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
-                          const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
-    const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m512i m2 = _mm512_set1_epi8(0x03), shifts = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
-    const __m512i zero = _mm512_setzero_si512();
-    __m512i c00 = zero, c01 = zero, c02 = zero, c03 = zero, c10 = zero, c11 = zero, c12 = zero, c13 = zero;
-    __m512i c20 = zero, c21 = zero, c22 = zero, c23 = zero, c30 = zero, c31 = zero, c32 = zero, c33 = zero;
-    for (int64_t G = 0; G < ng; ++G) {
-      const int64_t q1 = std::min(n_q, (G + 1) * gq);
-      for (int64_t o = G * gq; o < q1; ++o) {
-        const uint8_t* bp = panel + o * kG6QuadBytes;
-        if constexpr (kPrefetch) {
-          const char* pf = reinterpret_cast<const char*>(bp) + kPrefetchBytes;
-          _mm_prefetch(pf, _MM_HINT_T1);
-          _mm_prefetch(pf + 64, _MM_HINT_T1);
-          _mm_prefetch(pf + 128, _MM_HINT_T1);
-        }
-        const __m512i w0 = chunk(bp, 0, m4, m2, shifts), w1 = chunk(bp, 1, m4, m2, shifts),
-                      w2 = chunk(bp, 2, m4, m2, shifts), w3 = chunk(bp, 3, m4, m2, shifts);
-        MOE_G8_ROW(0) MOE_G8_ROW(1) MOE_G8_ROW(2) MOE_G8_ROW(3)
-      }
-      const float* sg = ws + G * kPanel;
-      const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16), s2 = _mm512_loadu_ps(sg + 32),
-                   s3 = _mm512_loadu_ps(sg + 48);
-      MOE_I4_FLUSH_GROUP
-    }
+  static void codes(const uint8_t* panel, int64_t o, __m512i& w0, __m512i& w1, __m512i& w2, __m512i& w3) {
+    const uint8_t* quad = panel + o * kG6QuadBytes;
+    w0 = chunk(quad, 0);
+    w1 = chunk(quad, 1);
+    w2 = chunk(quad, 2);
+    w3 = chunk(quad, 3);
   }
+  static void prefetch(const uint8_t* panel, int64_t o) { prefetch_quad(panel + o * kG6QuadBytes, kG6QuadBytes); }
 };
 #undef MOE_I4_DECODE
 #undef MOE_I4_ROW
@@ -261,7 +254,7 @@ struct Avx512VnniG6 : Avx512Vnni {
 }  // namespace
 
 void run_task_avx512_vnni_i4(const Job& j, const Task& t) { i4_run_task<Avx512Vnni>(j, t); }
-void run_task_avx512_vnni_g8(const Job& j, const Task& t) { i4_run_task<Avx512VnniG8>(j, t); }
-void run_task_avx512_vnni_g6(const Job& j, const Task& t) { i4_run_task<Avx512VnniG6>(j, t); }
+void run_task_avx512_vnni_g8(const Job& j, const Task& t) { i4_run_task<Avx512Bytes<G8Codes>>(j, t); }
+void run_task_avx512_vnni_g6(const Job& j, const Task& t) { i4_run_task<Avx512Bytes<G6Codes>>(j, t); }
 
 }  // namespace moe::gg
