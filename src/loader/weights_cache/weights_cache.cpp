@@ -188,10 +188,10 @@ std::unique_ptr<WeightsCache> WeightsCache::open(const WeightsCacheParams& p) {
   c->path_ = (fs::path(p.dir) / fmt::format("{}-{}.r{}.moe-ep-cache", name,
                                             hex64(cache_checksum(which.data(), which.size())), p.rank))
                  .string();
-  std::error_code exe_ec;
-  const std::string exe = fs::read_symlink("/proc/self/exe", exe_ec).string();
+  // The running executable's own inode (stat follows /proc/self/exe even when the file
+  // was since replaced or deleted): another build may pack differently.
   c->identity_ = fmt::format("moe-ep weights cache {}\nexecutable {}\nisa {}\nlayout {}\ncheckpoint\n{}", kVersion,
-                             exe_ec ? std::string("unknown") : stat_identity(exe), isa_name(active_isa()), p.layout,
+                             stat_identity("/proc/self/exe"), isa_name(active_isa()), p.layout,
                              checkpoint_identity(p.model_path));
   std::string why;
   c->mapped_ = map_file(c->path_, c->identity_, &why);
@@ -267,8 +267,14 @@ std::shared_ptr<WeightsCache::Mapped> map_file(const std::string& path, const st
     *why = "its index is not the expected JSON object";
     return nullptr;
   }
-  if (j["identity"].get<std::string>() != identity) {
-    *why = "stale: written for another checkpoint file state, moe-ep build, ISA level or layout";
+  if (const std::string was = j["identity"].get<std::string>(); was != identity) {
+    // Name the first line that differs: "executable ...", "checkpoint ..." (a file's
+    // size, mtime or inode), "layout ...".
+    size_t at = 0;
+    while (at < was.size() && at < identity.size() && was[at] == identity[at]) ++at;
+    const size_t line = identity.rfind('\n', at == 0 ? 0 : at - 1);
+    const std::string now = identity.substr(line == std::string::npos ? 0 : line + 1);
+    *why = fmt::format("stale (written for another state of: {})", now.substr(0, now.find('\n')));
     return nullptr;
   }
   // Every tensor entry: a known dtype, a shape whose bytes are the entry's bytes, inside
