@@ -171,8 +171,12 @@ class I4TaskSides {
   I4TaskSides(const Job& j, const Task& t) : j_(j), t_(t) {
     if (!j.i4_zero && j.i4_uniform_zero >= 0) {
       // One zero point for all: a panel's [group][64] of it, which every panel reads.
+      // Refilled only when the size or the code changes: a decode step runs many tasks of
+      // the same few formats.
       thread_local std::vector<uint8_t> z;
-      z.assign(static_cast<size_t>(j.i4_n_groups * kPanel), static_cast<uint8_t>(j.i4_uniform_zero));
+      const auto n = static_cast<size_t>(j.i4_n_groups * kPanel);
+      const auto code = static_cast<uint8_t>(j.i4_uniform_zero);
+      if (z.size() != n || z[0] != code) z.assign(n, code);
       uz_ = z.data();
     }
     if (j.i4_sb_groups == 0) return;

@@ -416,8 +416,9 @@ std::string mlp_cache_key(const Checkpoint& ck, const MoeConfig& cfg, int64_t la
       opt.expert_begin, opt.expert_end, opt.tp_rank, opt.tp_size, opt.mlp_tp_rank, opt.mlp_tp_size);
   *expert_bytes = 0;
   for (const LayerRead& r : mlp_layer_reads(ck, cfg, layer, opt)) {
-    key += fmt::format("; {} {} {} {}/{}{}", r.key, shape_str(r.full_shape), r.rule.describe(), r.rank, r.size,
-                       r.int8 ? " int8" : "");
+    TensorRead tr = r.tensor_read();
+    tr.int8 = r.int8;
+    key += "; " + describe(tr);
     if (r.expert >= 0 || r.role == LayerRead::FusedGateUp || r.role == LayerRead::FusedDown)
       *expert_bytes += read_bytes(ck, r.tensor_read());
   }

@@ -310,4 +310,9 @@ Tensor load_sharded(const Checkpoint& ck, const TensorRead& r, std::optional<DTy
   return load_sharded(ck, r.key, r.shape, r.rule, r.rank, r.size, out);
 }
 
+std::string describe(const TensorRead& r) {
+  return fmt::format("{} {} {} {}/{}{}", r.key, shape_str(r.shape), r.rule.describe(), r.rank, r.size,
+                     r.int8 ? " int8" : "");
+}
+
 }  // namespace moe

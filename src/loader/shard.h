@@ -113,6 +113,9 @@ struct TensorRead {
   int64_t layer = -1;
   bool int8 = false;  // an int8 weight (FastDeploy W8A8): the checks expect i8, not a float type
 };
+// "key [shape] rule rank/size" (and " int8"): everything a read depends on besides the
+// file, e.g. a weights-cache record's key (loader/weights_cache/weights_cache.h).
+std::string describe(const TensorRead& r);
 
 // What load_sharded reads for one tensor: the shape of the result and the pieces of
 // the source it copies, in order. Pieces come in runs of equal pieces at a constant

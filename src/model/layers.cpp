@@ -54,11 +54,6 @@ namespace {
 
 Linear load_linear_packed(const Checkpoint& ck, const LinearRead& r, const LinearOptions& o);
 
-std::string read_key(const TensorRead& r) {
-  return fmt::format("{} {} {} {}/{}{}", r.key, shape_str(r.shape), r.rule.describe(), r.rank, r.size,
-                     r.int8 ? " int8" : "");
-}
-
 CacheRecord encode_linear(const Linear& l) {
   CacheRecord c;
   encode_packed(c, "w.", l.w);
@@ -94,8 +89,8 @@ Linear decode_linear(const CacheRecord& c, const LinearRead& r) {
 Linear load_linear(const Checkpoint& ck, const LinearRead& r, const LinearOptions& o) {
   if (!o.cache) return load_linear_packed(ck, r, o);
   const std::string key =
-      fmt::format("linear {}; bias {}; compute {} group {} keep-codes {}", read_key(r.weight),
-                  r.bias ? read_key(*r.bias) : "none", dtype_name(o.compute), o.int4_group, o.keep_int4);
+      fmt::format("linear {}; bias {}; compute {} group {} keep-codes {}", describe(r.weight),
+                  r.bias ? describe(*r.bias) : "none", dtype_name(o.compute), o.int4_group, o.keep_int4);
   return cached_load<Linear>(
       o.cache, key, [&] { return load_linear_packed(ck, r, o); }, encode_linear,
       [&](const CacheRecord& c) { return decode_linear(c, r); });

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/cpu.h"
 
@@ -43,7 +44,7 @@ uint64_t align_up(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
 // its scales and zero points) sat at the same page offsets, and decode ran 10-25 %
 // slower than from the packer's own allocations (Q4_0, 2-core Zen 4, medians of 3-5
 // runs); staggered, it runs as fast. The mapped memory itself streams as fast as
-// anonymous memory there (36-43 GB/s both, measured on the same pages).
+// anonymous memory there (36-43 GB/s both, measured on the same pages; docs/PERF.md).
 uint64_t stagger(size_t i) { return (i * 9 % 32) * kTensorAlign; }
 
 constexpr uint64_t kP1 = 0x9E3779B185EBCA87ull, kP2 = 0xC2B2AE3D27D4EB4Full, kP3 = 0x165667B19E3779F9ull;
@@ -388,44 +389,15 @@ uint64_t WeightsCache::commit() {
   h.index_checksum = cache_checksum(index.data(), index.size());
   h.file_bytes = off + index.size();
 
-  // A temp name of our own (pid), written whole, renamed over the old file. No fsync:
-  // it made the first start 7 s slower for a 1.5 GB file here, and a file the crash of
-  // the machine left torn fails its checksums at the next start and is rebuilt.
-  const std::string tmp = fmt::format("{}.tmp{}", path_, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  MOE_CHECK(fd >= 0, "--weights-cache: cannot create '{}': {}", tmp, std::strerror(errno));
-  auto fail = [&](const char* step) {
-    const std::string err = std::strerror(errno);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    MOE_FAIL("--weights-cache: {} of '{}' failed: {}", step, tmp, err);
-  };
-  auto write_at = [&](uint64_t at, const void* data, uint64_t n) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(n, uint64_t{1} << 30), static_cast<off_t>(at));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail("write");
-      p += w;
-      at += static_cast<uint64_t>(w);
-      n -= static_cast<uint64_t>(w);
-    }
-  };
+  // Written whole to a temp file of this process, then renamed over the old file. No
+  // fsync: it made the first start 7 s slower for a 1.5 GB file here, and a file the
+  // crash of the machine left torn fails its checksums at the next start and is rebuilt.
   std::vector<char> page(kPage, 0);
   std::memcpy(page.data(), &h, sizeof h);
-  write_at(0, page.data(), kPage);
-  for (const auto& [at, t] : order) write_at(at, t->raw(), t->nbytes());
-  write_at(h.index_offset, index.data(), index.size());
-  if (::close(fd) != 0) {
-    const std::string err = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    MOE_FAIL("--weights-cache: close of '{}' failed: {}", tmp, err);
-  }
-  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
-    const std::string err = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    MOE_FAIL("--weights-cache: rename of '{}' to '{}' failed: {}", tmp, path_, err);
-  }
+  std::vector<FilePiece> pieces{{0, page.data(), kPage}};
+  for (const auto& [at, t] : order) pieces.push_back({at, t->raw(), t->nbytes()});
+  pieces.push_back({h.index_offset, index.data(), index.size()});
+  write_file_atomic(path_, pieces, "--weights-cache", /*sync=*/false);
   const size_t n_records = records_.size();
   records_.clear();  // the model owns its tensors; the cache keeps none alive
   if (p_.verbose && p_.rank == 0)
