@@ -13,6 +13,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin                   # ranks (expert parallelism)
   libonig-dev libutf8proc-dev                  # tokenizer regexes (as HF tokenizers), Unicode normalisation
   libsentencepiece-dev                         # tokenizer.model (SentencePiece) files
+  libre2-dev                                   # quantization_config's module regexes (linear time)
   libcpp-httplib-dev curl jq                   # moe-ep serve (HTTP); the client and JSON tool its tests use
   iproute2 nftables util-linux                 # the multi-host test bed: network namespaces, veths, tc, packet loss
   procps                                       # sysctl (the bed's TCP timeouts), pgrep/pkill (serve tests)

@@ -13,10 +13,17 @@
 #      (tokenizer.json, encode/decode, chat templates) and the checkpoint's parsers
 #      (safetensors header, model.safetensors.index.json, config.json + quantization_config),
 #      the GGUF reader and the server's request parser (OpenAI bodies).
+# Each stage prints its wall time (CI's budget is 30 minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-bash scripts/build.sh
-(cd build && ctest --output-on-failure --timeout 900 -j"${JOBS:-$(nproc)}")
-bash scripts/test_sanitize.sh
-FUZZ_SECONDS="${FUZZ_SECONDS:-30}" bash scripts/fuzz.sh
+stage() {
+  local name=$1 t0=$SECONDS
+  shift
+  "$@"
+  echo "test.sh: stage '$name' took $((SECONDS - t0)) s (total $SECONDS s)"
+}
+stage setup bash scripts/setup.sh
+stage build bash scripts/build.sh
+stage ctest bash -c 'cd build && ctest --output-on-failure --timeout 900 -j"${JOBS:-$(nproc)}"'
+stage sanitize bash scripts/test_sanitize.sh
+stage fuzz env FUZZ_SECONDS="${FUZZ_SECONDS:-30}" bash scripts/fuzz.sh

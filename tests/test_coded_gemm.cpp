@@ -352,7 +352,9 @@ TEST(CodedGemm, PackRoundTripAndExpertCopies) {
                                  std::pair{&back.zero, &kept[e].zero}, std::pair{sb ? &back.sb_m : &back.offset, sb ? &kept[e].sb_m : &kept[e].offset},
                                  std::pair{&back.sc, &kept[e].sc}, std::pair{&back.mn, &kept[e].mn}}) {
         ASSERT_EQ(x->defined(), y->defined()) << name(c);
-        if (x->defined()) ASSERT_EQ(0, std::memcmp(x->raw(), y->raw(), y->nbytes())) << name(c) << " expert " << e;
+        if (x->defined()) {
+          ASSERT_EQ(0, std::memcmp(x->raw(), y->raw(), y->nbytes())) << name(c) << " expert " << e;
+        }
       }
     }
     // An EPLB move copies every piece, offsets and super-block factors included.
@@ -362,7 +364,9 @@ TEST(CodedGemm, PackRoundTripAndExpertCopies) {
     for (const auto& [x, y] : {std::pair{&moved.scale, &was.scale}, std::pair{&moved.zero, &was.zero},
                                std::pair{&moved.offset, &was.offset}}) {
       ASSERT_EQ(x->defined(), y->defined()) << name(c);
-      if (x->defined()) ASSERT_EQ(0, std::memcmp(x->raw(), y->raw(), y->nbytes())) << name(c);
+      if (x->defined()) {
+        ASSERT_EQ(0, std::memcmp(x->raw(), y->raw(), y->nbytes())) << name(c);
+      }
     }
     ASSERT_EQ(0, std::memcmp(moved.u.raw(), kept.back().u.raw(), kept.back().u.nbytes())) << name(c);
   }

@@ -16,9 +16,6 @@ namespace {
 
 using test::IsaScope;
 
-// Two measurements, the higher: the machine is shared, a preempted run only reads low.
-double peak_of(PeakProbe p) { return std::max(measure_peak(p, 1), measure_peak(p, 1)); }
-
 TEST(Probes, EveryKernelPeakIsPositiveOnEveryIsa) {
   for (Isa isa : test::available_isas()) {
     IsaScope s(isa);

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <regex>
+#include <re2/re2.h>
 
 #include "core/check.h"
 #include "core/json_brief.h"
@@ -11,37 +11,24 @@ namespace moe {
 
 namespace {
 
-// A compressed-tensors "re:<regex>" entry, before anything matches with it. std::regex
-// backtracks: a hostile pattern ("re:(a*)*b", ".*.*.*.*.*.*x") would take exponential or
-// high-polynomial time on a module name, and deep nesting recurses in its compiler. The
-// entries real checkpoints carry are short ("re:.*lm_head", "re:.*mlp\\.gate$"): at most 256
-// characters, at most 4 quantifiers, none on a group, no backreference, and it compiles.
-std::regex check_module_regex(const char* field, const std::string& e) {
-  const std::string r = e.substr(3);
-  const std::string where =
-      fmt::format("config.json: quantization_config.{} entry {}", field, json_brief(nlohmann::json(e)));
-  MOE_CHECK(r.size() <= 256, "{} is {} characters long; a module regex may have at most 256", where, r.size());
-  int quantifiers = 0;
-  for (size_t i = 0; i < r.size(); ++i) {
-    const char c = r[i];
-    if (c == '\\') {
-      MOE_CHECK(i + 1 < r.size() && !(r[i + 1] >= '1' && r[i + 1] <= '9'), "{}: a backreference or a trailing '\\' "
-                "is not supported in a module regex", where);
-      ++i;
-      continue;
-    }
-    if (c == '*' || c == '+' || c == '?' || c == '{') {
-      ++quantifiers;
-      MOE_CHECK(i == 0 || r[i - 1] != ')', "{}: a quantified group (')' followed by '{}') is not supported in a "
-                "module regex (it can take exponential time)", where, c);
-    }
-  }
-  MOE_CHECK(quantifiers <= 4, "{} has {} quantifiers; a module regex may have at most 4", where, quantifiers);
-  try {
-    return std::regex(r);
-  } catch (const std::regex_error& err) {
-    MOE_FAIL("{} is not a valid regex: {}", where, err.what());
-  }
+// A compressed-tensors "re:<regex>" entry, compiled once. The entries come from a file a user
+// downloaded, so the engine must not be one that backtracks: std::regex (and Python's re)
+// take exponential time on "(a*)*b" against a run of a's and recurse once per character.
+// RE2 matches in time linear in the name and bounds the compiled program's memory; its
+// syntax is Python's for everything real checkpoints write (".*lm_head", "re:.*mlp\\.gate$",
+// classes, alternation, (?i)), and it refuses backreferences and lookaround, which it cannot
+// run in linear time, at parse time with its own message.
+std::shared_ptr<const re2::RE2> compile_module_regex(const char* field, const std::string& e) {
+  RE2::Options opts;
+  opts.set_log_errors(false);
+  // 1 MiB of program: a 200-character pattern of nested counted repeats fits in a few
+  // KiB; anything past this is refused instead of built.
+  opts.set_max_mem(int64_t{1} << 20);
+  auto re = std::make_shared<const re2::RE2>(e.substr(3), opts);
+  MOE_CHECK(re->ok(), "config.json: quantization_config.{} entry {} is not a regex moe-ep can run: {} (RE2 syntax: "
+            "Python's, without backreferences or lookaround)",
+            field, json_brief(nlohmann::json(e)), re->error());
+  return re;
 }
 
 // A string list field: absent or null gives nothing; anything else must be strings.
@@ -54,7 +41,7 @@ void read_list(const nlohmann::json& q, const char* field, QuantConfig& c) {
     MOE_CHECK(s.is_string(), "config.json: quantization_config.{} must hold module names (strings), got {}", field,
               json_brief(s));
     const std::string e = s.get<std::string>();
-    if (e.starts_with("re:")) c.not_converted_re.push_back(check_module_regex(field, e));
+    if (e.starts_with("re:")) c.not_converted_re.push_back(compile_module_regex(field, e));
     if (!e.empty()) c.not_converted.push_back(e);
   }
 }
@@ -185,9 +172,10 @@ bool QuantConfig::ignores(const std::string& module) const {
   const std::string m = "." + module + ".";
   for (const std::string& e : not_converted)
     if (!e.starts_with("re:") && m.find("." + e + ".") != std::string::npos) return true;
-  // compressed-tensors' regex entries match the whole module name.
-  for (const std::regex& re : not_converted_re)
-    if (std::regex_match(module, re)) return true;
+  // compressed-tensors matches its "re:" entries with Python's re.match: anchored at the
+  // start of the module name, not at its end ("re:model.layers.0" holds for the whole layer).
+  for (const auto& re : not_converted_re)
+    if (re->Match(module, 0, module.size(), RE2::ANCHOR_START, nullptr, 0)) return true;
   return false;
 }
 

@@ -23,8 +23,8 @@
 // quantised codes.
 //
 // modules_to_not_convert (transformers, AWQ), ignored_layers (vLLM) and ignore
-// (compressed-tensors; an entry "re:<regex>" matches whole module names by ECMAScript
-// regex) list modules left in float; `ignores(module)` matches an entry on whole dotted
+// (compressed-tensors; an entry "re:<regex>" matches module names as Python's re.match
+// does, from the start, run by RE2) list modules left in float; `ignores(module)` matches an entry on whole dotted
 // components ("lm_head" matches "lm_head"; "model.layers.0.mlp.gate" matches itself and
 // anything under it; "gate" matches "model.layers.0.mlp.gate" but not
 // "model.layers.0.mlp.gate_proj"), so the loaders can refuse an F8 tensor the config
@@ -32,11 +32,15 @@
 #pragma once
 
 #include <cstdint>
-#include <regex>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+namespace re2 {
+class RE2;
+}
 
 namespace moe {
 
@@ -46,7 +50,7 @@ struct QuantConfig {
   std::string method_name;                   // as written ("fp8"), empty when absent
   int64_t block_n = 128, block_k = 128;      // FP8 weight_block_size: rows, cols
   std::vector<std::string> not_converted;    // modules_to_not_convert + ignored_layers + ignore
-  std::vector<std::regex> not_converted_re;  // its "re:" entries, compiled once when parsed
+  std::vector<std::shared_ptr<const re2::RE2>> not_converted_re;  // its "re:" entries, compiled once
   // The int4 methods (GPTQ, AWQ, compressed-tensors pack-quantized):
   int64_t group_size = 0;                    // k values per scale; -1: one per output channel
   bool sym = true;                           // no stored zero points (GPTQ stores 8 anyway)
@@ -58,7 +62,7 @@ struct QuantConfig {
     return method == Method::Gptq || method == Method::Awq || method == Method::CompressedTensors;
   }
   // True when `module` (a dotted module name, e.g. "model.layers.3.self_attn.q_proj")
-  // is listed, on whole components, in not_converted.
+  // is listed, on whole components, in not_converted, or matches one of its "re:" entries.
   bool ignores(const std::string& module) const;
 };
 
