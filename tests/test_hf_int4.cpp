@@ -134,6 +134,8 @@ TEST(HfInt4Config, ParsesGptqAwqAndCompressedTensors) {
       {with([](json& q) { q["ignore"] = {"lm_head", "re:model(?=\\.)"}; }), "is not a regex moe-ep can run"},
       {with([](json& q) { q["ignore"] = {"re:[a-"}; }), "missing ]"},
       {with([](json& q) { q["ignore"] = {"re:((((a{100}){100}){100}){100})"}; }), "is not a regex moe-ep can run"},
+      {with([](json& q) { q["ignore"] = json(std::vector<std::string>(1025, "re:.*gate")); }),
+       "more than 1024 \"re:\" module patterns"},
   };
   for (const auto& [q, want] : bad) {
     const std::string msg = error_of([&] { parse_quant_config(cfg(q)); });

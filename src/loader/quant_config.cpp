@@ -21,15 +21,17 @@ namespace {
 std::shared_ptr<const re2::RE2> compile_module_regex(const char* field, const std::string& e) {
   RE2::Options opts;
   opts.set_log_errors(false);
-  // 1 MiB of program: a 200-character pattern of nested counted repeats fits in a few
-  // KiB; anything past this is refused instead of built.
-  opts.set_max_mem(int64_t{1} << 20);
+  // 256 KiB per pattern (program and match caches): the entries real configs write take a
+  // few KiB; a pattern of nested counted repeats that needs more is refused instead of built.
+  opts.set_max_mem(int64_t{256} << 10);
   auto re = std::make_shared<const re2::RE2>(e.substr(3), opts);
   MOE_CHECK(re->ok(), "config.json: quantization_config.{} entry {} is not a regex moe-ep can run: {} (RE2 syntax: "
             "Python's, without backreferences or lookaround)",
             field, json_brief(nlohmann::json(e)), re->error());
   return re;
 }
+
+constexpr size_t kMaxModuleRegexes = 1024;
 
 // A string list field: absent or null gives nothing; anything else must be strings.
 void read_list(const nlohmann::json& q, const char* field, QuantConfig& c) {
@@ -41,7 +43,13 @@ void read_list(const nlohmann::json& q, const char* field, QuantConfig& c) {
     MOE_CHECK(s.is_string(), "config.json: quantization_config.{} must hold module names (strings), got {}", field,
               json_brief(s));
     const std::string e = s.get<std::string>();
-    if (e.starts_with("re:")) c.not_converted_re.push_back(compile_module_regex(field, e));
+    if (e.starts_with("re:")) {
+      // Real configs carry a handful; the cap bounds what a hostile list can make us hold
+      // (kMaxModuleRegexes x 256 KiB).
+      MOE_CHECK(c.not_converted_re.size() < kMaxModuleRegexes,
+                "config.json: quantization_config lists more than {} \"re:\" module patterns", kMaxModuleRegexes);
+      c.not_converted_re.push_back(compile_module_regex(field, e));
+    }
     if (!e.empty()) c.not_converted.push_back(e);
   }
 }
