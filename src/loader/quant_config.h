@@ -24,8 +24,8 @@
 //
 // modules_to_not_convert (transformers, AWQ), ignored_layers (vLLM) and ignore
 // (compressed-tensors; an entry "re:<regex>" matches module names as Python's re.match
-// does, from the start, run by RE2) list modules left in float; `ignores(module)` matches an entry on whole dotted
-// components ("lm_head" matches "lm_head"; "model.layers.0.mlp.gate" matches itself and
+// does, from the start, run by RE2) list modules left in float; `ignores(module)` matches
+// an entry on whole dotted components ("lm_head" matches "lm_head"; "model.layers.0.mlp.gate" matches itself and
 // anything under it; "gate" matches "model.layers.0.mlp.gate" but not
 // "model.layers.0.mlp.gate_proj"), so the loaders can refuse an F8 tensor the config
 // says was never converted.
