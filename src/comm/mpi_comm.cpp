@@ -3,6 +3,7 @@
 #include "comm/mpi_comm.h"
 
 #include <sched.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <array>
@@ -356,6 +357,14 @@ void mpi_init_once() {
     if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
     if (std::atoi(local) > cores) setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
   }
+  // OpenMPI's TCP transport writes to its peers' sockets without MSG_NOSIGNAL: a write
+  // to a rank that just died raises SIGPIPE, and this rank died of it before it could
+  // report the lost peer. mpirun then sometimes named this rank (signal 13) instead of
+  // the one that died (a netbed fault-kill run on CI). Ignored, the write fails with
+  // EPIPE, the transport closes that peer, and the job ends the usual way. Only where
+  // nobody set a handler: an embedding program's own choice stands.
+  struct sigaction old_pipe {};
+  if (::sigaction(SIGPIPE, nullptr, &old_pipe) == 0 && old_pipe.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   int provided = 0;
   const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   MOE_CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed: {}", mpi_error_string(rc));

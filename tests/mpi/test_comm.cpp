@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -15,6 +16,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "comm/communicator.h"
 #include "comm/consistency.h"
@@ -61,6 +64,24 @@ TEST(Comm, WorldMatchesLauncher) {
   EXPECT_TRUE(detail::mpi_active());
   const auto ranks = gather_int(w, w.rank());
   for (int r = 0; r < w.size(); ++r) EXPECT_EQ(ranks[r], r);
+}
+
+// A rank outlives a write to a peer that is gone: once MPI is up, SIGPIPE is ignored and
+// the write fails with EPIPE (OpenMPI's TCP transport writes without MSG_NOSIGNAL; before,
+// a rank died of signal 13 when the peer it was sending to was killed). A pipe whose
+// reader is closed stands in for the dead peer's socket: both raise SIGPIPE on write.
+TEST(Comm, WriteToAGonePeerFailsWithEpipeInsteadOfKilling) {
+  ASSERT_TRUE(detail::mpi_active());
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);
+  const char byte = 1;
+  errno = 0;
+  const ssize_t n = ::write(fds[1], &byte, 1);
+  const int err = errno;
+  ::close(fds[1]);
+  EXPECT_EQ(n, -1);
+  EXPECT_EQ(err, EPIPE);
 }
 
 // A barrier orders: no rank leaves round i before every rank entered it. Each round one
