@@ -150,12 +150,19 @@ TEST(BadInput, IsaAboveTheCpuFails) {
   std::string log;
   EXPECT_EQ(test::run_command(cmd + " --isa " + isa_name(hardware_isa()), &log), 0) << log;
   EXPECT_EQ(test::run_command("MOE_ISA=portable " + cmd, &log), 0) << log;
-  if (hardware_isa() == Isa::Avx512Bf16) GTEST_SKIP() << "this CPU has every level";
-  EXPECT_NE(test::run_command(cmd + " --isa avx512bf16", &log), 0);
-  EXPECT_NE(log.find("--isa avx512bf16: this CPU has no "), std::string::npos) << log;
-  EXPECT_NE(log.find("AVX512_BF16"), std::string::npos) << log;
-  EXPECT_NE(test::run_command("MOE_ISA=avx512bf16 " + cmd, &log), 0);
-  EXPECT_NE(log.find("MOE_ISA=avx512bf16: this CPU has no "), std::string::npos) << log;
+  if (hardware_isa() == kTopIsa) GTEST_SKIP() << "this CPU has every level";
+  // The level just above this CPU's, and a feature that level needs and this CPU lacks.
+  const Isa above = static_cast<Isa>(static_cast<int>(hardware_isa()) + 1);
+  const char* feature = above == Isa::Avx2     ? "AVX2"
+                        : above == Isa::Avx512 ? "AVX512F"
+                        : above == Isa::Avx512Bf16 ? "AVX512_BF16"
+                                                   : "AMX-INT8";
+  const std::string name = isa_name(above);
+  EXPECT_NE(test::run_command(cmd + " --isa " + name, &log), 0);
+  EXPECT_NE(log.find("--isa " + name + ": this CPU has no "), std::string::npos) << log;
+  EXPECT_NE(log.find(feature), std::string::npos) << log;
+  EXPECT_NE(test::run_command("MOE_ISA=" + name + " " + cmd, &log), 0);
+  EXPECT_NE(log.find("MOE_ISA=" + name + ": this CPU has no "), std::string::npos) << log;
 }
 
 TEST(BadInput, TruncatedCheckpoint) {

@@ -98,7 +98,7 @@ TEST(Cpu, IsaCapNeverRaisesAboveTheHardware) {
   const Isa hw = active_isa();
   set_isa_cap(Isa::Portable);
   EXPECT_EQ(active_isa(), Isa::Portable);
-  set_isa_cap(Isa::Avx512Bf16);
+  set_isa_cap(kTopIsa);
   EXPECT_EQ(active_isa(), hw);
   EXPECT_THROW(parse_isa("sse9"), Error);
   EXPECT_FALSE(cpu_summary().empty());
@@ -109,7 +109,7 @@ TEST(Cpu, IsaCapNeverRaisesAboveTheHardware) {
 TEST(Cpu, IsaRequestAboveTheHardwareFails) {
   const Isa hw = hardware_isa();
   EXPECT_EQ(parse_isa_request("native", "--isa"), hw);
-  for (Isa want : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
+  for (Isa want : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Amx}) {
     const std::string name = isa_name(want);
     if (want <= hw) {
       EXPECT_EQ(parse_isa_request(name, "--isa"), want);
@@ -124,6 +124,9 @@ TEST(Cpu, IsaRequestAboveTheHardwareFails) {
       EXPECT_NE(m.find(std::string("best level: ") + isa_name(hw)), std::string::npos) << m;
       if (want == Isa::Avx512Bf16) {
         EXPECT_NE(m.find("AVX512_BF16"), std::string::npos) << m;
+      }
+      if (want == Isa::Amx) {
+        EXPECT_NE(m.find("AMX-INT8"), std::string::npos) << m;
       }
     }
     try {

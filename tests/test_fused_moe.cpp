@@ -108,13 +108,13 @@ TEST_P(FusedMoeVsReference, ManyShapes) {
     EXPECT_TRUE(test::all_close(yb, y, {1e-6, 1e-6}));
     seed += 100;
   }
-  set_isa_cap(Isa::Avx512Bf16);
+  set_isa_cap(kTopIsa);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPaths, FusedMoeVsReference,
                          ::testing::Combine(::testing::Values(DType::F32, DType::BF16),
                                             ::testing::Values(Isa::Portable, Isa::Avx2, Isa::Avx512,
-                                                              Isa::Avx512Bf16)),
+                                                              Isa::Avx512Bf16, Isa::Amx)),
                          [](const auto& info) {
                            return std::string(dtype_name(std::get<0>(info.param))) + "_" +
                                   isa_name(std::get<1>(info.param));
@@ -143,7 +143,7 @@ namespace {
 // register-blocked prefill kernel must accumulate in the same order).
 TEST(GroupedGemmBatchInvariance, RowResultIndependentOfBatch) {
   for (DType dt : {DType::F32, DType::BF16})
-    for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
+    for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Amx}) {
       set_isa_cap(isa);
       const int64_t K = 301, N = 2 * 40, rows = 70;
       PackedExperts w = make_packed_experts(1, N, K, dt, true);
@@ -174,7 +174,7 @@ TEST(GroupedGemmBatchInvariance, RowResultIndependentOfBatch) {
         }
       }
     }
-  set_isa_cap(Isa::Avx512Bf16);
+  set_isa_cap(kTopIsa);
 }
 
 // The expert load a layer counts from its own routing (count_routed, what generate and

@@ -69,7 +69,7 @@ const std::vector<IsaCase>& isa_cases() {
 bool promises_fma_bits(Isa isa, DType dt) {
   if (isa == Isa::Avx2) return true;
   if (isa == Isa::Avx512) return true;               // f32 FMA and bf16 emulation
-  if (isa == Isa::Avx512Bf16) return dt == DType::F32;  // bf16 runs vdpbf16ps there
+  if (isa >= Isa::Avx512Bf16) return dt == DType::F32;  // bf16 runs vdpbf16ps there (and at amx)
   return false;
 }
 

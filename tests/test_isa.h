@@ -22,7 +22,7 @@ class IsaScope {
 // The ISA levels this CPU can run (a cap above the hardware is clamped, so skip those).
 inline std::vector<Isa> available_isas() {
   std::vector<Isa> out;
-  for (Isa i : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
+  for (Isa i : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Amx}) {
     IsaScope s(i);
     if (active_isa() == i) out.push_back(i);
   }

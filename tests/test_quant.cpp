@@ -14,7 +14,7 @@
 namespace moe {
 namespace {
 
-std::vector<Isa> isas() { return {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}; }
+std::vector<Isa> isas() { return {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Amx}; }
 
 // Q8 rows of a [rows, k] f32 tensor (optionally divided by smooth [k]).
 std::vector<char> q8_rows(const Tensor& x, const float* smooth = nullptr) {
@@ -99,7 +99,7 @@ TEST(GroupedGemmInt8, ExactInt32AccumulatorsEveryIsa) {
       grouped_gemm(p);
       ASSERT_EQ(0, std::memcmp(got.raw(), ref.raw(), ref.nbytes())) << isa_name(isa) << " N=" << c.N << " K=" << c.K;
     }
-    set_isa_cap(Isa::Avx512Bf16);
+    set_isa_cap(kTopIsa);
   }
 }
 
@@ -147,7 +147,7 @@ TEST(GroupedGemmInt8, DequantisedOutputsMatchReference) {
             // In fact every ISA gives the reference's bits.
             EXPECT_EQ(0, std::memcmp(got.raw(), ref.raw(), ref.nbytes())) << isa_name(isa);
           }
-          set_isa_cap(Isa::Avx512Bf16);
+          set_isa_cap(kTopIsa);
         }
 }
 
@@ -217,7 +217,7 @@ TEST(GroupedGemmInt8, BatchInvariance) {
       }
     }
   }
-  set_isa_cap(Isa::Avx512Bf16);
+  set_isa_cap(kTopIsa);
 }
 
 TEST(GroupedGemmInt8, PackQ8RoundTripAndErrors) {

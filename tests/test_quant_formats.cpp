@@ -333,13 +333,13 @@ TEST(QuantFormats, StaticScaleCheckpointEqualsScalarReferenceAndIsCloseToF32) {
   std::printf("[ st ckpt  ] %s layer %lld, static W8A8 checkpoint: worst cosine vs f32 over T=1,7,33: %.6f\n",
               kStFixture, static_cast<long long>(kStLayer), worst);
   // Every ISA gives the reference's bits (the shared experts are f32 here).
-  for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
+  for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Amx}) {
     set_isa_cap(isa);
     const Tensor x = golden_input(kStFixture, kStLayer, 7);
     const Tensor y = loaded.forward(x), ref = static_reference(loaded, ck, kStLayer, x);
     EXPECT_EQ(0, std::memcmp(y.raw(), ref.raw(), y.nbytes())) << isa_name(isa);
   }
-  set_isa_cap(Isa::Avx512Bf16);
+  set_isa_cap(kTopIsa);
 }
 
 TEST(QuantFormats, StaticTpSlices) {

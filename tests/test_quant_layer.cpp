@@ -93,13 +93,13 @@ TEST(QuantLayer, BatchInvariantAndExactOnEveryIsa) {
   // bf16 shared experts are left out for the same reason).
   const MoeConfig cfg2 = test::w8a8_config(64, 48, 6, 2);
   MoeLayer routed(cfg2, test::w8a8_layer(cfg2, 0, 6, true));
-  for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16}) {
+  for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Amx}) {
     set_isa_cap(isa);
     const Tensor y = routed.forward(x);
     const Tensor ref = w8a8_reference(routed, x);
     EXPECT_EQ(0, std::memcmp(y.raw(), ref.raw(), y.nbytes())) << isa_name(isa);
   }
-  set_isa_cap(Isa::Avx512Bf16);
+  set_isa_cap(kTopIsa);
 }
 
 TEST(QuantLayer, BadSmoothTablesAreErrors) {

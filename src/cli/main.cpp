@@ -22,10 +22,10 @@ void add_global(CLI::App* cmd, GlobalOptions& g) {
                   "ranks that mpirun started on it)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--isa", g.isa,
-                  "Cap the instruction set the kernels use: portable, avx2, avx512 or avx512bf16 "
-                  "(default: the best this CPU has; the MOE_ISA environment variable does the same). A level this CPU "
+                  "Cap the instruction set the kernels use: portable, avx2, avx512, avx512bf16 or amx (AMX-INT8 "
+                  "tiles for the prefill of int8-activation experts) (default: the best this CPU has; the MOE_ISA environment variable does the same). A level this CPU "
                   "does not have is an error")
-      ->check(CLI::IsMember({"portable", "avx2", "avx512", "avx512bf16"}));
+      ->check(CLI::IsMember({"portable", "avx2", "avx512", "avx512bf16", "amx"}));
 }
 
 void apply_global(const GlobalOptions& g) {

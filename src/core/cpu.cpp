@@ -1,6 +1,8 @@
 #include "core/cpu.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -38,6 +40,18 @@ CpuFeatures detect() {
     f.avx512_vnni = c & (1u << 11);
     unsigned a1, b1, c1, d1;
     if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f.avx512_bf16 = a1 & (1u << 5);
+    // AMX: CPUID.7.0 EDX bit 24 (AMX-TILE) and 25 (AMX-INT8); XCR0 bits 17-18 (tile
+    // config and data) set by an OS that manages the state; then Linux's permission for
+    // XTILEDATA (feature 18), which is refused on kernels before 5.16.
+    const bool cpu_amx = (d & (1u << 24)) && (d & (1u << 25));
+    const bool os_amx = (xcr0 & (uint64_t(3) << 17)) == (uint64_t(3) << 17);
+#ifdef SYS_arch_prctl
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    f.amx_int8 = cpu_amx && os_amx && ::syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    (void)cpu_amx;
+    (void)os_amx;
+#endif
   }
   if (!os_avx) f.fma = f.f16c = false;
   return f;
@@ -46,6 +60,7 @@ CpuFeatures detect() {
 Isa detect_isa() {
   const CpuFeatures& f = cpu_features();
   const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma;
+  if (avx512 && f.avx512_bf16 && f.avx512_vnni && f.amx_int8) return Isa::Amx;
   if (avx512 && f.avx512_bf16) return Isa::Avx512Bf16;
   if (avx512) return Isa::Avx512;
   if (f.avx2 && f.fma && f.f16c) return Isa::Avx2;
@@ -56,7 +71,7 @@ Isa detect_isa() {
 // calls active_isa() before any work, so the error comes at start-up.
 Isa env_cap() {
   const char* e = std::getenv("MOE_ISA");
-  return e && *e ? parse_isa_request(e, "MOE_ISA") : Isa::Avx512Bf16;
+  return e && *e ? parse_isa_request(e, "MOE_ISA") : kTopIsa;
 }
 
 // Upper-case names of the features `want` needs that this CPU lacks.
@@ -78,6 +93,10 @@ std::string missing_features(Isa want) {
     need(f.avx512dq, "AVX512DQ");
   }
   if (want >= Isa::Avx512Bf16) need(f.avx512_bf16, "AVX512_BF16");
+  if (want >= Isa::Amx) {
+    need(f.avx512_vnni, "AVX512_VNNI");
+    need(f.amx_int8, "AMX-INT8 (with the OS's permission for tile data)");
+  }
   return s;
 }
 
@@ -99,8 +118,9 @@ Isa parse_isa(const std::string& s) {
   if (s == "portable") return Isa::Portable;
   if (s == "avx2") return Isa::Avx2;
   if (s == "avx512") return Isa::Avx512;
-  if (s == "avx512bf16" || s == "native") return Isa::Avx512Bf16;
-  MOE_FAIL("unknown ISA '{}': expected portable, avx2, avx512 or avx512bf16", s);
+  if (s == "avx512bf16") return Isa::Avx512Bf16;
+  if (s == "amx" || s == "native") return Isa::Amx;
+  MOE_FAIL("unknown ISA '{}': expected portable, avx2, avx512, avx512bf16 or amx", s);
 }
 
 Isa parse_isa_request(const std::string& name, const std::string& source) {
@@ -118,6 +138,7 @@ const char* isa_name(Isa isa) {
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
     case Isa::Avx512Bf16: return "avx512bf16";
+    case Isa::Amx: return "amx";
   }
   return "?";
 }
@@ -148,6 +169,7 @@ std::string cpu_features_str() {
   add(f.avx512dq, "avx512dq");
   add(f.avx512_bf16, "avx512_bf16");
   add(f.avx512_vnni, "avx512_vnni");
+  add(f.amx_int8, "amx_int8");
   return s.empty() ? std::string("baseline x86-64") : s;
 }
 

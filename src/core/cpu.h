@@ -2,7 +2,7 @@
 //
 // The binary is compiled for baseline x86-64 plus per-function AVX2/AVX-512
 // targets (see kernels/*), so one build runs on any x86-64 and picks the best
-// kernel at run time. MOE_ISA=portable|avx2|avx512|avx512bf16 (or --isa) forces a
+// kernel at run time. MOE_ISA=portable|avx2|avx512|avx512bf16|amx (or --isa) forces a
 // lower level; asking for a level this CPU lacks is an error (parse_isa_request),
 // never a silent run at a lower one.
 #pragma once
@@ -21,9 +21,16 @@ struct CpuFeatures {
   bool avx512dq = false;
   bool avx512_bf16 = false;
   bool avx512_vnni = false;
+  // AMX-TILE and AMX-INT8, enabled by the OS (XCR0 tile state) and granted to this
+  // process (Linux hands the 8 KiB tile state out only on request: arch_prctl
+  // ARCH_REQ_XCOMP_PERM, made once at detection).
+  bool amx_int8 = false;
 };
 
-enum class Isa { Portable, Avx2, Avx512, Avx512Bf16 };
+// Amx: Avx512Bf16 plus AVX512_VNNI and AMX-INT8 (prefill of the int8-activation kernels on
+// tiles; their decode stays on VNNI).
+enum class Isa { Portable, Avx2, Avx512, Avx512Bf16, Amx };
+inline constexpr Isa kTopIsa = Isa::Amx;  // the highest level there is (a cap that lifts every cap)
 
 // What the CPU and OS support (cpuid + xgetbv), cached.
 const CpuFeatures& cpu_features();
@@ -35,7 +42,7 @@ Isa hardware_isa();
 // tests set caps in a loop over every level, see tests/test_isa.h). A user's request
 // goes through parse_isa_request first.
 void set_isa_cap(Isa cap);
-Isa parse_isa(const std::string& name);  // "portable", "avx2", "avx512", "avx512bf16" ("native": the top)
+Isa parse_isa(const std::string& name);  // "portable", "avx2", "avx512", "avx512bf16", "amx" ("native": the top)
 // A user's request for a level (`source` names where it came from: "--isa" or
 // "MOE_ISA"): the level, or a clear error naming the missing features when this CPU
 // does not have it, e.g. "--isa avx512bf16: this CPU has no AVX512F, ..., AVX512_BF16

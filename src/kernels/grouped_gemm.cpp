@@ -120,15 +120,19 @@ using Runner = void (*)(const gg::Job&, const gg::Task&);
 Runner pick_runner(const PackedExperts& w) {
   const DType wt = w.dtype;
   const Isa isa = active_isa();
+  // AMX runners: prefill tasks on tiles, decode tasks handed to the VNNI runners.
   if (w.int4_group > 0 && w.code_bits == 6) {
+    if (isa >= Isa::Amx) return gg::run_task_amx_g6;
     if (isa >= Isa::Avx512 && cpu_features().avx512_vnni) return gg::run_task_avx512_vnni_g6;
     return isa >= Isa::Avx2 ? gg::run_task_avx2_g6 : gg::run_task_portable_g6;
   }
   if (w.int4_group > 0 && w.code_bits == 8) {
+    if (isa >= Isa::Amx) return gg::run_task_amx_g8;
     if (isa >= Isa::Avx512 && cpu_features().avx512_vnni) return gg::run_task_avx512_vnni_g8;
     return isa >= Isa::Avx2 ? gg::run_task_avx2_g8 : gg::run_task_portable_g8;
   }
   if (w.int4_group > 0) {
+    if (isa >= Isa::Amx) return gg::run_task_amx_i4;
     if (isa >= Isa::Avx512 && cpu_features().avx512_vnni) return gg::run_task_avx512_vnni_i4;
     return isa >= Isa::Avx2 ? gg::run_task_avx2_i4 : gg::run_task_portable_i4;
   }
@@ -139,6 +143,7 @@ Runner pick_runner(const PackedExperts& w) {
   }
   if (wt == DType::BF16) {
     switch (isa) {
+      case Isa::Amx:
       case Isa::Avx512Bf16: return gg::run_task_avx512bf16;
       case Isa::Avx512: return gg::run_task_avx512_bf16emu;
       case Isa::Avx2: return gg::run_task_avx2_bf16;
@@ -146,6 +151,7 @@ Runner pick_runner(const PackedExperts& w) {
     }
   }
   switch (isa) {
+    case Isa::Amx:
     case Isa::Avx512Bf16:
     case Isa::Avx512: return gg::run_task_avx512_f32;
     case Isa::Avx2: return gg::run_task_avx2_f32;

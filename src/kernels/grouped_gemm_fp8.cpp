@@ -180,6 +180,7 @@ void run_task_f8(const Job& j, const Task& t) {
   const Isa isa = active_isa();
   void (*run_bf16)(const Job&, const Task&) = run_task_portable_bf16;
   switch (isa) {
+    case Isa::Amx:
     case Isa::Avx512Bf16: run_bf16 = run_task_avx512bf16; break;
     case Isa::Avx512: run_bf16 = run_task_avx512_bf16emu; break;
     case Isa::Avx2: run_bf16 = run_task_avx2_bf16; break;
@@ -187,7 +188,7 @@ void run_task_f8(const Job& j, const Task& t) {
   }
   const int64_t bf16_panel_bytes = j.panel_stride * 2;
   uint16_t* buf = panel_buffer(bf16_panel_bytes);
-  if (isa == Isa::Avx512Bf16) return run_task_f8_avx512bf16(j, t, reinterpret_cast<char*>(buf));
+  if (isa >= Isa::Avx512Bf16) return run_task_f8_avx512bf16(j, t, reinterpret_cast<char*>(buf));
   if (isa == Isa::Avx2) return run_task_f8_avx2(j, t, reinterpret_cast<char*>(buf));
   // The bf16 runner reads panel P of expert e at w + e * expert_stride + P * panel_stride:
   // with both strides 0 every (expert, panel) resolves to this thread's buffer.

@@ -245,5 +245,10 @@ void run_task_avx512_vnni_g8(const Job& j, const Task& t);
 void run_task_portable_g6(const Job& j, const Task& t);
 void run_task_avx2_g6(const Job& j, const Task& t);
 void run_task_avx512_vnni_g6(const Job& j, const Task& t);
+// The three on AMX-INT8 tiles (grouped_gemm_int4_amx.cpp): prefill tasks there, decode
+// tasks (<= kDecodeMaxRows rows) passed to the VNNI runners above.
+void run_task_amx_i4(const Job& j, const Task& t);
+void run_task_amx_g8(const Job& j, const Task& t);
+void run_task_amx_g6(const Job& j, const Task& t);
 
 }  // namespace moe::gg
