@@ -176,6 +176,20 @@ TEST(ModelCli, GenerateMatchesGreedyAndWritesJson) {
     const auto j = nlohmann::json::parse(in);
     for (size_t i = 0; i < f.greedy.size(); ++i) EXPECT_EQ(j["generated"][i].get<std::vector<int32_t>>(), f.greedy[i]);
     EXPECT_GT(j["timings"]["decode_tokens_per_s"].get<double>(), 0);
+    // The same prompts from a file (--prompt-ids @FILE, a trailing newline as editors write).
+    {
+      std::ofstream(tmp / "ids.txt") << ids_arg(f.prompts) << "\n";
+      ASSERT_EQ(test::run_command(std::string(MOE_EP_BINARY) + " generate --model " + f.dir + " --prompt-ids @" +
+                                      (tmp / "ids.txt") + " --max-new-tokens 16 --ignore-eos --dtype f32 "
+                                      "--kv-cache-dtype f32 --quiet --output-json " + (tmp / "g2.json"),
+                                  &out),
+                0)
+          << out;
+      std::ifstream in2(tmp / "g2.json");
+      const auto j2 = nlohmann::json::parse(in2);
+      for (size_t i = 0; i < f.greedy.size(); ++i)
+        EXPECT_EQ(j2["generated"][i].get<std::vector<int32_t>>(), f.greedy[i]) << "@FILE";
+    }
     // Sampling: the same seed gives the same tokens.
     std::string a, b;
     const std::string cmd = std::string(MOE_EP_BINARY) + " generate --model " + f.dir +
@@ -194,6 +208,10 @@ TEST(ModelCli, BadInputIsAClearError) {
   EXPECT_NE(out.find("id 500 is out of vocabulary (vocab_size 112"), std::string::npos) << out;
   EXPECT_NE(test::run_command(bin + " forward --model " + dir + " --prompt-ids \"1,2;\" --logits /tmp/x", &out), 0);
   EXPECT_NE(out.find("prompt 1 is empty"), std::string::npos) << out;
+  EXPECT_NE(test::run_command(bin + " forward --model " + dir + " --prompt-ids @/nonexistent/ids.txt --logits /tmp/x",
+                              &out),
+            0);
+  EXPECT_NE(out.find("--prompt-ids: cannot read '/nonexistent/ids.txt'"), std::string::npos) << out;
   EXPECT_NE(test::run_command(bin + " generate --model " + dir + " --prompt-ids \"1,2,3\" --max-new-tokens 8 "
                                   "--max-seq-len 6",
                               &out),

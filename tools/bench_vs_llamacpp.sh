@@ -126,7 +126,10 @@ print(",".join(str((17 + 104729 * j) % v) for j in range(n)))' "$PREFILL" "$VOCA
 INT4_ARGS=()
 [ -n "${INT4_GROUP:-}" ] && INT4_ARGS=(--int4-group "$INT4_GROUP")
 LINEARS=${LINEARS:-w8a8}
-moe_cmd() {  # MODE -> CMD, the moe-ep command line (the prompt ids in $IDS)
+# The ids go in a file (--prompt-ids @FILE): 32k ids are more than one argument may hold.
+IDS_FILE=$OUT/prompt_ids.txt
+printf '%s\n' "$IDS" > "$IDS_FILE"
+moe_cmd() {  # MODE -> CMD, the moe-ep command line (the prompt ids in $IDS_FILE)
   local q=$1 extra=() model=$CKPT
   if [[ $1 == gguf:* ]]; then  # the peer's own file; experts as stored
     model=$(gguf_of "${1#gguf:}") q=none
@@ -137,7 +140,7 @@ moe_cmd() {  # MODE -> CMD, the moe-ep command line (the prompt ids in $IDS)
   [ "$q" != none ] && [ "$LINEARS" != none ] && extra+=(--quantize-linears "$LINEARS")
   moe_has --warmup && extra+=(--warmup)
   CMD=(env OMP_NUM_THREADS="$THREADS" "$MOE_EP" generate --model "$model" --dtype bf16 --quantize "$q" "${extra[@]}"
-       --prompt-ids "$IDS" --max-new-tokens $((DECODE + 1)) --ignore-eos --quiet --kv-cache-dtype "${KV:-bf16}"
+       --prompt-ids "@$IDS_FILE" --max-new-tokens $((DECODE + 1)) --ignore-eos --quiet --kv-cache-dtype "${KV:-bf16}"
        --max-seq-len $((PREFILL + DECODE + 16)))
 }
 # Decode after PREFILL tokens of context: mainline llama-bench's -d (depth); ik_llama.cpp's
@@ -228,10 +231,10 @@ for s in "${SKIPPED[@]}"; do echo "skipped: $s"; done
 W4_GROUP=${INT4_GROUP:-$("$MOE_EP" generate --help 2>&1 | sed -n 's/.*--int4-group[^=[]*[=[]\([0-9]*\).*/\1/p' | head -1)}
 for job in "${JOBS[@]}"; do
   set -- $job
-  if [ "$1" = moe ]; then moe_cmd "$2"; echo "command: ${CMD[*]/"$IDS"/\$IDS} --output-json F"
+  if [ "$1" = moe ]; then moe_cmd "$2"; echo "command: ${CMD[*]/"@$IDS_FILE"/@\$IDS_FILE} --output-json F"
   else for k in prefill decode; do llama_cmd "$2" $k; echo "command: ${CMD[*]}"; done; fi
 done
-echo "(\$IDS: $PREFILL prompt ids, id j = (17 + 104729 j) mod ($VOCAB - 256))"
+echo "(\$IDS_FILE: $PREFILL prompt ids, id j = (17 + 104729 j) mod ($VOCAB - 256))"
 [[ " ${JOBS[*]} " == *" moe w4a8 "* ]] && echo "(w4a8's bytes per token counted with --int4-group ${W4_GROUP:-32})"
 echo
 python3 - "$RES" "$CKPT" "$GGUF_DIR" "$FLOOR" "${BW0:-0}" "${BW1:-0}" "$PREFILL" "$DECODE" "${W4_GROUP:-32}" "$LINEARS" <<'EOF'

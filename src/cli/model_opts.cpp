@@ -5,7 +5,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -77,6 +83,26 @@ void add_weights_cache_option(CLI::App* cmd, std::string& dir) {
       ->type_name("DIR");
 }
 
+namespace {
+
+// An option value "@PATH" becomes the contents of PATH (trailing white space dropped);
+// any other value is kept.
+std::function<std::string(std::string)> read_at_file(std::string option) {
+  return [option](std::string v) {
+    if (v.empty() || v[0] != '@') return v;
+    const std::string path = v.substr(1);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw CLI::ValidationError(option, "cannot read '" + path + "' (" + std::strerror(errno) + ")");
+    std::ostringstream text;
+    text << in.rdbuf();
+    std::string s = text.str();
+    s.erase(s.find_last_not_of(" \t\r\n") + 1);
+    return s;
+  };
+}
+
+}  // namespace
+
 void add_common(CLI::App* cmd, CommonOpts& o) {
   cmd->add_option("--model", o.model_dir, "Model: a Hugging Face directory (config.json and *.safetensors) or a GGUF file "
                   "(llama.cpp's format; qwen3moe, qwen2moe or Mixtral; the first part of a split model)")
@@ -84,7 +110,9 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
       ->check(CLI::ExistingPath);
   cmd->add_option("--prompt-ids", o.prompt_ids,
                   "Prompts as token ids: ids separated by ',', prompts by ';' (e.g. \"1,2,3;4,5\"); all prompts run "
-                  "as one batch");
+                  "as one batch. @FILE reads them from FILE, in the same form (for long prompts: one command-line "
+                  "argument holds at most 128 KiB on Linux, some 20k ids)")
+      ->transform(read_at_file("--prompt-ids"), "", "");
   add_dtype_option(cmd, o.dtype);
   cmd->add_option("--quantize", o.quantize,
                   "Quantise the routed experts at load: w8a8 = SmoothQuant int8 weights (per-output-channel scales "
