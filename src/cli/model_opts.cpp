@@ -87,12 +87,13 @@ namespace {
 
 // An option value "@PATH" becomes the contents of PATH (trailing white space dropped);
 // any other value is kept.
-std::function<std::string(std::string)> read_at_file(std::string option) {
-  return [option](std::string v) {
+// (CLI11 puts the option's name before the message of a failure.)
+std::function<std::string(std::string)> read_at_file() {
+  return [](std::string v) {
     if (v.empty() || v[0] != '@') return v;
     const std::string path = v.substr(1);
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw CLI::ValidationError(option, "cannot read '" + path + "' (" + std::strerror(errno) + ")");
+    if (!in) throw CLI::ValidationError("cannot read '" + path + "' (" + std::strerror(errno) + ")");
     std::ostringstream text;
     text << in.rdbuf();
     std::string s = text.str();
@@ -112,7 +113,7 @@ void add_common(CLI::App* cmd, CommonOpts& o) {
                   "Prompts as token ids: ids separated by ',', prompts by ';' (e.g. \"1,2,3;4,5\"); all prompts run "
                   "as one batch. @FILE reads them from FILE, in the same form (for long prompts: one command-line "
                   "argument holds at most 128 KiB on Linux, some 20k ids)")
-      ->transform(read_at_file("--prompt-ids"), "", "");
+      ->transform(read_at_file(), "", "");
   add_dtype_option(cmd, o.dtype);
   cmd->add_option("--quantize", o.quantize,
                   "Quantise the routed experts at load: w8a8 = SmoothQuant int8 weights (per-output-channel scales "
