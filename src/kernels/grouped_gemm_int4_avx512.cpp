@@ -46,6 +46,21 @@ inline int32_t load_i32(const int8_t* p) {
   return v;
 }
 
+// Columns 16q..16q+15 of group G's super-block value: the f16 of its super-block times the
+// group's i8 (q8) or u8 (u8) factor when there is one. i4_expand_panel's products exactly
+// (the same conversions and one multiply), so the flush gets the same scales.
+inline __m512 sb_value(const uint16_t* h, const int8_t* q8, const uint8_t* u8, int64_t G, int64_t gps, int q) {
+  __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + (G / gps) * kPanel + 16 * q)));
+  if (q8) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q8 + G * kPanel + 16 * q));
+    v = _mm512_mul_ps(v, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
+  } else if (u8) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u8 + G * kPanel + 16 * q));
+    v = _mm512_mul_ps(v, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)));
+  }
+  return v;
+}
+
 // One k quad (low or high nibbles, `SHIFT`) of the octet at bp into every row's accumulators.
 #define MOE_I4_DECODE(SHIFT)                                                                                     \
   const __m512i w0 = _mm512_and_si512(_mm512_srli_epi16(_mm512_load_si512(bp), SHIFT), m4);                      \
@@ -97,12 +112,30 @@ inline int32_t load_i32(const int8_t* p) {
   if constexpr (MR > R) {                                                                                        \
     MOE_I4_FLUSH_OFF_Q(R, 0) MOE_I4_FLUSH_OFF_Q(R, 1) MOE_I4_FLUSH_OFF_Q(R, 2) MOE_I4_FLUSH_OFF_Q(R, 3)          \
   }
-// Both forms, at the end of group G (the scales s0..s3 loaded; wz or wo set).
+// Group G's scales s0..s3 (and, offset form, offsets f0..f3 inside MOE_I4_FLUSH_GROUP):
+// from ws / wo, or formed from the super-block sources sb (decode, not expanded).
+#define MOE_I4_LOAD_SCALES                                                                                       \
+  __m512 s0, s1, s2, s3;                                                                                         \
+  if (ws) {                                                                                                      \
+    const float* sg = ws + G * kPanel;                                                                           \
+    s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16), s2 = _mm512_loadu_ps(sg + 32),                     \
+    s3 = _mm512_loadu_ps(sg + 48);                                                                               \
+  } else {                                                                                                       \
+    s0 = sb_value(sb->d, sb->sc, nullptr, G, sb->gps, 0), s1 = sb_value(sb->d, sb->sc, nullptr, G, sb->gps, 1),  \
+    s2 = sb_value(sb->d, sb->sc, nullptr, G, sb->gps, 2), s3 = sb_value(sb->d, sb->sc, nullptr, G, sb->gps, 3);  \
+  }
+// Both forms, at the end of group G (the scales s0..s3 loaded; wz, wo or sb->m set).
 #define MOE_I4_FLUSH_GROUP                                                                                       \
-  if (wo) {                                                                                                      \
-    const float* og = wo + G * kPanel;                                                                           \
-    const __m512 f0 = _mm512_loadu_ps(og), f1 = _mm512_loadu_ps(og + 16), f2 = _mm512_loadu_ps(og + 32),         \
-                 f3 = _mm512_loadu_ps(og + 48);                                                                  \
+  if (wo || (sb && sb->m)) {                                                                                     \
+    __m512 f0, f1, f2, f3;                                                                                       \
+    if (wo) {                                                                                                    \
+      const float* og = wo + G * kPanel;                                                                         \
+      f0 = _mm512_loadu_ps(og), f1 = _mm512_loadu_ps(og + 16), f2 = _mm512_loadu_ps(og + 32),                   \
+      f3 = _mm512_loadu_ps(og + 48);                                                                             \
+    } else {                                                                                                     \
+      f0 = sb_value(sb->m, nullptr, sb->mn, G, sb->gps, 0), f1 = sb_value(sb->m, nullptr, sb->mn, G, sb->gps, 1), \
+      f2 = sb_value(sb->m, nullptr, sb->mn, G, sb->gps, 2), f3 = sb_value(sb->m, nullptr, sb->mn, G, sb->gps, 3); \
+    }                                                                                                            \
     MOE_I4_FLUSH_OFF(0) MOE_I4_FLUSH_OFF(1) MOE_I4_FLUSH_OFF(2) MOE_I4_FLUSH_OFF(3)                              \
   } else {                                                                                                       \
     const uint8_t* zg = wz + G * kPanel;                                                                         \
@@ -115,6 +148,7 @@ inline int32_t load_i32(const int8_t* p) {
 
 struct Avx512Vnni {
   static constexpr int kMaxRows = 4;  // the MOE_I4_ROW / MOE_I4_FLUSH rows 0..3 below
+  static constexpr bool kFormsSbScales = true;  // panel_block takes the SbSrc (MOE_I4_LOAD_SCALES)
 
 static void group_sums(const int8_t* a, int64_t K, int64_t group, int64_t n_groups, int32_t* sa) {
   i4_group_sums_avx2(a, K, group, n_groups, sa, i4_group_sums);
@@ -127,7 +161,7 @@ static void epilogue_row(const Job& j, float* acc, float a_scale, char* crow, in
 // acc[r][0..64) = the panel's dequantised sums for rows a[0..MR) (acc zeroed by the caller).
 template <int MR, bool kPrefetch>
 static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
-                        const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
+                        const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb = nullptr) {
   const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group / 8;
   const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
   __m512i c00 = zero, c01 = zero, c02 = zero, c03 = zero, c10 = zero, c11 = zero, c12 = zero, c13 = zero;
@@ -152,9 +186,7 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
         MOE_I4_ROW(0, 4) MOE_I4_ROW(1, 4) MOE_I4_ROW(2, 4) MOE_I4_ROW(3, 4)
       }
     }
-    const float* sg = ws + G * kPanel;
-    const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16), s2 = _mm512_loadu_ps(sg + 32),
-                 s3 = _mm512_loadu_ps(sg + 48);
+    MOE_I4_LOAD_SCALES
     MOE_I4_FLUSH_GROUP
   }
 }
@@ -170,7 +202,8 @@ template <class K>
 struct Avx512Bytes : Avx512Vnni {
   template <int MR, bool kPrefetch>
   static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
-                          const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
+                          const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel],
+                          const SbSrc* sb = nullptr) {
     const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
     const __m512i zero = _mm512_setzero_si512();
     __m512i c00 = zero, c01 = zero, c02 = zero, c03 = zero, c10 = zero, c11 = zero, c12 = zero, c13 = zero;
@@ -183,9 +216,7 @@ struct Avx512Bytes : Avx512Vnni {
         K::codes(panel, o, w0, w1, w2, w3);
         MOE_G8_ROW(0) MOE_G8_ROW(1) MOE_G8_ROW(2) MOE_G8_ROW(3)
       }
-      const float* sg = ws + G * kPanel;
-      const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16), s2 = _mm512_loadu_ps(sg + 32),
-                   s3 = _mm512_loadu_ps(sg + 48);
+      MOE_I4_LOAD_SCALES
       MOE_I4_FLUSH_GROUP
     }
   }
@@ -228,6 +259,7 @@ struct G6Codes {
 #undef MOE_I4_FLUSH_OFF_Q
 #undef MOE_I4_FLUSH_OFF
 #undef MOE_I4_FLUSH_GROUP
+#undef MOE_I4_LOAD_SCALES
 
 }  // namespace
 

@@ -163,12 +163,25 @@ inline void i4_expand_panel(const Job& j, int64_t expert, int64_t P, float* s, f
   }
 }
 
+// One panel's super-block scale sources (PackedExperts::sb_groups > 0), for runners that
+// form D * sc and M * mn inside their flush (i4_expand_panel's products, in registers).
+struct SbSrc {
+  const uint16_t* d = nullptr;  // f16 [n_superblocks][64]
+  const uint16_t* m = nullptr;  // f16 [n_superblocks][64], offset form only
+  const int8_t* sc = nullptr;   // [n_groups][64], or null (unit factors)
+  const uint8_t* mn = nullptr;  // [n_groups][64], or null
+  int64_t gps = 1;              // groups per super-block
+};
+
 // The per-group scales, zero points and offsets of task t's panels as the runners read
 // them: pointers into the Job (plain form), or for the super-block form the task's panels
-// expanded once into this thread's buffers, which every row block of the task reuses.
+// expanded once into this thread's buffers, which every row block of the task reuses;
+// or, with expand false, not expanded: panel() then gives null ws / wo and the SbSrc
+// (decode: one row block reads each panel once, and the expansion pass was ~11 % of a
+// decode step, Q4_0 GGUF on the AVX512-VNNI runner).
 class I4TaskSides {
  public:
-  I4TaskSides(const Job& j, const Task& t) : j_(j), t_(t) {
+  I4TaskSides(const Job& j, const Task& t, bool expand = true) : j_(j), t_(t) {
     if (!j.i4_zero && j.i4_uniform_zero >= 0) {
       // One zero point for all: a panel's [group][64] of it, which every panel reads.
       // Refilled only when the size or the code changes: a decode step runs many tasks of
@@ -180,6 +193,10 @@ class I4TaskSides {
       uz_ = z.data();
     }
     if (j.i4_sb_groups == 0) return;
+    if (!expand) {
+      lazy_ = true;
+      return;
+    }
     thread_local std::vector<float> s, o;
     const int64_t per = j.i4_n_groups * kPanel, n = (t.p1 - t.p0) * per;
     s.resize(static_cast<size_t>(n));
@@ -190,10 +207,18 @@ class I4TaskSides {
     sb_o_ = j.i4_sb_m ? o.data() : nullptr;
   }
   // Panel P's [group][64] scales ws, and zero points wz or offsets wo (the other null).
-  void panel(int64_t P, const float** ws, const uint8_t** wz, const float** wo) const {
+  // Not expanded: ws and wo null, *sb the panel's sources (sb must be given then).
+  void panel(int64_t P, const float** ws, const uint8_t** wz, const float** wo, SbSrc* sb = nullptr) const {
     const int64_t per = j_.i4_n_groups * kPanel, q0 = t_.expert * j_.q_stride + P * per;
     *wz = j_.i4_zero ? j_.i4_zero + q0 : uz_;
-    if (sb_s_) {
+    if (lazy_) {
+      const int64_t gps = j_.i4_sb_groups, nsb = (j_.i4_n_groups + gps - 1) / gps;
+      const int64_t d0 = t_.expert * j_.i4_sb_stride + P * nsb * kPanel;
+      *ws = nullptr;
+      *wo = nullptr;
+      *sb = {j_.i4_sb_d + d0, j_.i4_sb_m ? j_.i4_sb_m + d0 : nullptr, j_.i4_sc ? j_.i4_sc + q0 : nullptr,
+             j_.i4_mn ? j_.i4_mn + q0 : nullptr, gps};
+    } else if (sb_s_) {
       *ws = sb_s_ + (P - t_.p0) * per;
       *wo = sb_o_ ? sb_o_ + (P - t_.p0) * per : nullptr;
     } else {
@@ -208,7 +233,13 @@ class I4TaskSides {
   const float* sb_s_ = nullptr;
   const float* sb_o_ = nullptr;
   const uint8_t* uz_ = nullptr;  // the uniform zero point's panel of codes, or null
+  bool lazy_ = false;            // super-block scales left for the runner (expand false)
 };
+
+// Runners whose panel_block takes a trailing const SbSrc* (AVX-512) form the super-block
+// scales themselves in decode.
+template <class K>
+constexpr bool kFormsSbScales = requires { K::kFormsSbScales; };
 
 // The task driver the ISA runners share. K supplies kMaxRows and
 //   template <int MR, bool kPrefetch> static void panel_block(const Job&, const uint8_t* panel,
@@ -235,9 +266,14 @@ void i4_rows_block(const Job& j, const Task& t, const I4TaskSides& sides, int64_
     const auto* panel = reinterpret_cast<const uint8_t*>(j.w + t.expert * j.expert_stride + P * j.panel_stride);
     const float *ws, *wo;
     const uint8_t* wz;
-    sides.panel(P, &ws, &wz, &wo);
+    SbSrc sb;
+    sides.panel(P, &ws, &wz, &wo, &sb);
     alignas(64) float acc[MR][kPanel] = {};
-    K::template panel_block<MR, kPrefetch>(j, panel, ws, wz, wo, a, sa, acc);
+    if constexpr (kFormsSbScales<K>) {
+      K::template panel_block<MR, kPrefetch>(j, panel, ws, wz, wo, a, sa, acc, ws ? nullptr : &sb);
+    } else {
+      K::template panel_block<MR, kPrefetch>(j, panel, ws, wz, wo, a, sa, acc);
+    }
     for (int r = 0; r < MR; ++r) {
       float as;
       std::memcpy(&as, reinterpret_cast<const char*>(a[r]) + j.a_scale_off, 4);
@@ -262,8 +298,8 @@ void i4_run_task(const Job& j, const Task& t) {
   // Group sums of one row block (kMaxRows x 7168 / 32 ints at most: a few KiB).
   thread_local std::vector<int32_t> sa;
   sa.resize(static_cast<size_t>(K::kMaxRows * ng));
-  const I4TaskSides sides(j, t);
   const bool decode = rows <= kDecodeMaxRows;
+  const I4TaskSides sides(j, t, !(kFormsSbScales<K> && decode));
   const int64_t nb = (rows + K::kMaxRows - 1) / K::kMaxRows;
   int64_t rb = 0;
   for (int64_t b = 0; b < nb; ++b) {
