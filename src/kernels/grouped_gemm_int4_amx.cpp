@@ -1,19 +1,22 @@
 // Group-coded experts (4-, 6- and 8-bit codes under Q8 activations) on AMX-INT8 tiles.
 // Layout: grouped_gemm_int4_impl.h; contract: grouped_gemm_int4.h.
 //
-// TDPBSUD C[16 x 16] (int32) += A[16 x tk] (signed bytes: 16 rows of Q8 activations, tk
-// values of k) . B[tk/4 x 64 bytes] (unsigned bytes: tk/4 quads of k, each 16 columns x 4
+// TDPBSSD / TDPBSUD C[16 x 16] (int32) += A[16 x tk] (signed bytes: 16 rows of Q8
+// activations, tk values of k) . B[tk/4 x 64 bytes] (tk/4 quads of k, each 16 columns x 4
 // codes). B is the 8-bit layout's quad order: quad o of a panel holds 64 columns x 4 codes at
 // byte 256 o, so 16 columns of tk/4 consecutive quads are a tile with a row stride of 256.
-// 8-bit codes are read in place; 4- and 6-bit codes are first decoded into that order, a
-// panel at a time, and the decoded panel serves every row of the pass (the VNNI runner
-// decodes the nibbles again for each block of 4 rows).
+// A panel is decoded into that order 256 k at a time (16 KiB, which stays in L1 while every
+// tile of the pass multiplies it; the VNNI runner decodes the nibbles again for each block
+// of 4 rows). Where the differences fit a signed byte (4- and 6-bit codes; 8-bit codes
+// around the one zero point 128, GGUF's Q8_0) the decode writes u - z and TDPBSSD sums the
+// group's exact dot - z * sa itself; otherwise (offsets, per-group 8-bit zero points) the
+// codes stay unsigned (TDPBSUD, or the 8-bit panel read in place) and the flush corrects.
 //
 // Exactness: tk = min(group, 64), so a group is one or two tile steps and its int32 sums are
-// exact (|sum| < 2^24: grouped_gemm_int4_avx512.cpp). At a group's end the four C tiles
-// (16 rows x 64 columns) go to memory and each row takes the VNNI runner's f32 steps,
-// acc + (float)(dot - z * sa) * s or acc + ((float)dot * s - (float)sa * offset), so the
-// result is grouped_gemm_reference's, bit for bit, as on every other ISA.
+// exact (|sum| < 2^24: grouped_gemm_int4_avx512.cpp). At a group's end its C tiles go to
+// memory and each row takes the VNNI runner's f32 steps, acc + (float)(dot - z * sa) * s or
+// acc + ((float)dot * s - (float)sa * offset) (with signed codes the int32 is already
+// dot - z * sa), so the result is grouped_gemm_reference's, bit for bit, as on every ISA.
 //
 // Rows: a task's rows go in passes of up to 128 whose activations are copied into a
 // zero-padded stage, [rows rounded up to 16][kp + 64] bytes (kp: the groups' k, >= K; the 64
@@ -24,6 +27,7 @@
 //
 // The tile registers are configured at the start of each prefill task and released at its
 // end (TILERELEASE), so a thread between tasks carries no AMX state into context switches.
+//
 // GCC 12 warns about its own intrinsics' uninitialised __Y (as in grouped_gemm_int4_avx512.cpp).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -302,8 +306,8 @@ void amx_run_task(const Job& j, const Task& t) {
       const float *ws, *wo;
       const uint8_t* wz;
       sides.panel(P, &ws, &wz, &wo);
-      // The first tile of the pass prefetches the task's next panel into L2 (the weights
-      // come from DRAM once per pass; the decode would otherwise wait for each line).
+      // The pass's first tile prefetches the task's next panel into L2, a few lines per
+      // group step (the weights come from DRAM; the decode would otherwise wait for them).
       const char* pf = P + 1 < t.p1 ? j.w + t.expert * j.expert_stride + (P + 1) * j.panel_stride : nullptr;
       for (int64_t tb = 0; tb < n_tiles; ++tb) std::memset(acc[tb], 0, sizeof acc[tb]);
       for (int64_t G0 = 0; G0 < ng; G0 += block_groups) {
