@@ -23,8 +23,8 @@ void add_global(CLI::App* cmd, GlobalOptions& g) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--isa", g.isa,
                   "Cap the instruction set the kernels use: portable, avx2, avx512, avx512bf16 or amx (AMX-INT8 "
-                  "tiles for the prefill of int8-activation experts) (default: the best this CPU has; the MOE_ISA environment variable does the same). A level this CPU "
-                  "does not have is an error")
+                  "tiles for the prefill of int8-activation experts) (default: the best this CPU has; the MOE_ISA "
+                  "environment variable does the same). A level this CPU does not have is an error")
       ->check(CLI::IsMember({"portable", "avx2", "avx512", "avx512bf16", "amx"}));
 }
 

@@ -46,19 +46,10 @@ inline int32_t load_i32(const int8_t* p) {
   return v;
 }
 
-// Columns 16q..16q+15 of group G's super-block value: the f16 of its super-block times the
-// group's i8 (q8) or u8 (u8) factor when there is one. i4_expand_panel's products exactly
-// (the same conversions and one multiply), so the flush gets the same scales.
+// Columns 16q..16q+15 of group G's super-block value (sb_product16, as i4_expand_panel).
 inline __m512 sb_value(const uint16_t* h, const int8_t* q8, const uint8_t* u8, int64_t G, int64_t gps, int q) {
-  __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + (G / gps) * kPanel + 16 * q)));
-  if (q8) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q8 + G * kPanel + 16 * q));
-    v = _mm512_mul_ps(v, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
-  } else if (u8) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u8 + G * kPanel + 16 * q));
-    v = _mm512_mul_ps(v, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)));
-  }
-  return v;
+  const int64_t g0 = G * kPanel + 16 * q;
+  return sb_product16(h + (G / gps) * kPanel + 16 * q, q8 ? q8 + g0 : nullptr, u8 ? u8 + g0 : nullptr);
 }
 
 // One k quad (low or high nibbles, `SHIFT`) of the octet at bp into every row's accumulators.

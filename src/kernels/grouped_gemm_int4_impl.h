@@ -118,6 +118,19 @@ inline void i4_epilogue_row(const Job& j, const float* acc, float a_scale, char*
   scalar_epilogue_row(j, t, crow, col0, nv);
 }
 
+#if defined(__AVX512F__)
+// 16 columns of a super-block value: the f16 h[0..16) widened, times the i8 q8[0..16) or
+// u8 u8[0..16) factor when one is given (both exact conversions, one rounding). The one
+// definition of these products for the AVX-512 builds: i4_expand_panel and the decode flush
+// (grouped_gemm_int4_avx512.cpp, sb_value) both call it, so they give the same scales.
+inline __m512 sb_product16(const uint16_t* h, const int8_t* q8, const uint8_t* u8) {
+  const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+  if (q8) return _mm512_mul_ps(v, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q8)))));
+  if (u8) return _mm512_mul_ps(v, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u8)))));
+  return v;
+}
+#endif
+
 // Super-block form: the f32 scales (and offsets) of one panel's groups, [group][64],
 // expanded from D * sc and M * mn into s / o (the runners then read them as the plain
 // form's w_scale / w_offset: the same values, so the same bits). Once per task and panel
@@ -132,17 +145,11 @@ inline void i4_expand_panel(const Job& j, int64_t expert, int64_t P, float* s, f
   // f16 -> f32 and int -> f32 are exact, so every ISA forms the same products.
   // (q8, u8 both null: one group per super-block, unit factors, the f16 value itself.)
   auto row = [](const uint16_t* h, const int8_t* q8, const uint8_t* u8, float* out) {
-    const void* f = q8 ? static_cast<const void*>(q8) : u8;
 #if defined(__AVX512F__)
-    for (int c = 0; c < kPanel; c += 16) {
-      __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + c)));
-      if (f) {
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(f) + c));
-        v = _mm512_mul_ps(v, _mm512_cvtepi32_ps(q8 ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b)));
-      }
-      _mm512_storeu_ps(out + c, v);
-    }
+    for (int c = 0; c < kPanel; c += 16)
+      _mm512_storeu_ps(out + c, sb_product16(h + c, q8 ? q8 + c : nullptr, u8 ? u8 + c : nullptr));
 #elif defined(__AVX2__) && defined(__F16C__)
+    const void* f = q8 ? static_cast<const void*>(q8) : u8;
     for (int c = 0; c < kPanel; c += 8) {
       __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + c)));
       if (f) {
@@ -152,6 +159,7 @@ inline void i4_expand_panel(const Job& j, int64_t expert, int64_t P, float* s, f
       _mm256_storeu_ps(out + c, v);
     }
 #else
+    const bool f = q8 || u8;
     for (int c = 0; c < kPanel; ++c)
       out[c] = f ? f16_to_f32(h[c]) * static_cast<float>(q8 ? int(q8[c]) : int(u8[c])) : f16_to_f32(h[c]);
 #endif
