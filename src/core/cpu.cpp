@@ -40,7 +40,7 @@ CpuFeatures detect() {
     f.avx512_vnni = c & (1u << 11);
     unsigned a1, b1, c1, d1;
     if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f.avx512_bf16 = a1 & (1u << 5);
-    // AMX: CPUID.7.0 EDX bit 24 (AMX-TILE) and 25 (AMX-INT8); XCR0 bits 17-18 (tile
+    // AMX: CPUID.7.0 EDX bit 24 (AMX-TILE), 25 (AMX-INT8) and 22 (AMX-BF16); XCR0 bits 17-18 (tile
     // config and data) set by an OS that manages the state; then Linux's permission for
     // XTILEDATA (feature 18), which is refused on kernels before 5.16.
     const bool cpu_amx = (d & (1u << 24)) && (d & (1u << 25));
@@ -48,6 +48,7 @@ CpuFeatures detect() {
 #ifdef SYS_arch_prctl
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     f.amx_int8 = cpu_amx && os_amx && ::syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    f.amx_bf16 = f.amx_int8 && (d & (1u << 22));
 #else
     (void)cpu_amx;
     (void)os_amx;
@@ -60,7 +61,7 @@ CpuFeatures detect() {
 Isa detect_isa() {
   const CpuFeatures& f = cpu_features();
   const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma;
-  if (avx512 && f.avx512_bf16 && f.avx512_vnni && f.amx_int8) return Isa::Amx;
+  if (avx512 && f.avx512_bf16 && f.avx512_vnni && f.amx_int8 && f.amx_bf16) return Isa::Amx;
   if (avx512 && f.avx512_bf16) return Isa::Avx512Bf16;
   if (avx512) return Isa::Avx512;
   if (f.avx2 && f.fma && f.f16c) return Isa::Avx2;
@@ -96,6 +97,7 @@ std::string missing_features(Isa want) {
   if (want >= Isa::Amx) {
     need(f.avx512_vnni, "AVX512_VNNI");
     need(f.amx_int8, "AMX-INT8 (with the OS's permission for tile data)");
+    need(f.amx_bf16, "AMX-BF16");
   }
   return s;
 }
@@ -170,6 +172,7 @@ std::string cpu_features_str() {
   add(f.avx512_bf16, "avx512_bf16");
   add(f.avx512_vnni, "avx512_vnni");
   add(f.amx_int8, "amx_int8");
+  add(f.amx_bf16, "amx_bf16");
   return s.empty() ? std::string("baseline x86-64") : s;
 }
 

@@ -25,10 +25,12 @@ struct CpuFeatures {
   // process (Linux hands the 8 KiB tile state out only on request: arch_prctl
   // ARCH_REQ_XCOMP_PERM, made once at detection).
   bool amx_int8 = false;
+  bool amx_bf16 = false;  // AMX-BF16 (CPUID.7.0 EDX bit 22), under the same OS conditions
 };
 
-// Amx: Avx512Bf16 plus AVX512_VNNI and AMX-INT8 (prefill of the int8-activation kernels on
-// tiles; their decode stays on VNNI).
+// Amx: Avx512Bf16 plus AVX512_VNNI, AMX-INT8 and AMX-BF16 (every AMX CPU so far has both:
+// Sapphire, Emerald and Granite Rapids). The int8-activation kernels run their prefill on
+// tiles and their decode on VNNI; bf16 and FP8 weights run decode and prefill on tiles.
 enum class Isa { Portable, Avx2, Avx512, Avx512Bf16, Amx };
 inline constexpr Isa kTopIsa = Isa::Amx;  // the highest level there is (a cap that lifts every cap)
 

@@ -143,7 +143,7 @@ Runner pick_runner(const PackedExperts& w) {
   }
   if (wt == DType::BF16) {
     switch (isa) {
-      case Isa::Amx:
+      case Isa::Amx: return gg::amx_bf16_fits(w.k) ? gg::run_task_amx_bf16 : gg::run_task_avx512bf16;
       case Isa::Avx512Bf16: return gg::run_task_avx512bf16;
       case Isa::Avx512: return gg::run_task_avx512_bf16emu;
       case Isa::Avx2: return gg::run_task_avx2_bf16;

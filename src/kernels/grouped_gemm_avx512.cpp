@@ -34,21 +34,6 @@ enum class Kind { F32, Bf16Dp, Bf16Emu };
 template <Kind KD>
 constexpr int kMaxRows = KD == Kind::Bf16Emu ? 4 : 6;
 
-template <int MR>
-inline void epilogue(const Job& j, __m512 (&acc)[MR][4], char* c0, int64_t col0, int nv) {
-  for (int r = 0; r < MR; ++r) {
-    char* crow = c0 + r * j.ldc_bytes;
-    if (j.gated) {
-      for (int h = 0; h < 2; ++h) {
-        const __m512 g = ActMath<Avx512Ops>::gate(j.act, acc[r][h]);
-        store16(j, crow, col0 + 16 * h, _mm512_mul_ps(g, acc[r][2 + h]), col_mask(nv, 16 * h));
-      }
-    } else {
-      for (int q = 0; q < 4; ++q) store16(j, crow, col0 + 16 * q, acc[r][q], col_mask(nv, 16 * q));
-    }
-  }
-}
-
 template <int D, _mm_hint H>
 inline void prefetch_step(const char* p) {
   _mm_prefetch(p + D, H);
@@ -149,7 +134,7 @@ void block(const Job& j, const char* panel, const char* a0, int64_t S, bool firs
     microkernel<KD, MR, kPrefetchBytes>(j, panel, a0, 0, S, acc);
   else
     microkernel<KD, MR, 0>(j, panel, a0, 0, S, acc);
-  epilogue<MR>(j, acc, c0, col0, nv);
+  f32_epilogue<MR>(j, acc, c0, col0, nv);
 }
 
 // All rows of the task's expert x panel P (at `panel`).
@@ -216,7 +201,7 @@ void f8_decode_block(const Job& j, int64_t expert, int64_t P, const char* a0, ch
       }
     }
   }
-  epilogue<MR>(j, acc, c0, col0, nv);
+  f32_epilogue<MR>(j, acc, c0, col0, nv);
 }
 
 }  // namespace

@@ -89,5 +89,23 @@ inline void store16(const Job& j, char* crow, int64_t col, __m512 v, __mmask16 m
   }
 }
 
+// The bf16/f32 kernels' epilogue for MR rows x one panel's 4 zmm of f32 sums: the gated
+// activation act(gate) * up (gate columns in zmm 0-1, up in 2-3), masked stores of the
+// nv valid columns from col0.
+template <int MR>
+inline void f32_epilogue(const Job& j, __m512 (&acc)[MR][4], char* c0, int64_t col0, int nv) {
+  for (int r = 0; r < MR; ++r) {
+    char* crow = c0 + r * j.ldc_bytes;
+    if (j.gated) {
+      for (int h = 0; h < 2; ++h) {
+        const __m512 g = ActMath<Avx512Ops>::gate(j.act, acc[r][h]);
+        store16(j, crow, col0 + 16 * h, _mm512_mul_ps(g, acc[r][2 + h]), col_mask(nv, 16 * h));
+      }
+    } else {
+      for (int q = 0; q < 4; ++q) store16(j, crow, col0 + 16 * q, acc[r][q], col_mask(nv, 16 * q));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moe::gg

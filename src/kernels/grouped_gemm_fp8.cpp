@@ -188,6 +188,7 @@ void run_task_f8(const Job& j, const Task& t) {
   }
   const int64_t bf16_panel_bytes = j.panel_stride * 2;
   uint16_t* buf = panel_buffer(bf16_panel_bytes);
+  if (isa >= Isa::Amx && amx_bf16_fits(j.k)) return run_task_f8_amx(j, t, reinterpret_cast<char*>(buf));
   if (isa >= Isa::Avx512Bf16) return run_task_f8_avx512bf16(j, t, reinterpret_cast<char*>(buf));
   if (isa == Isa::Avx2) return run_task_f8_avx2(j, t, reinterpret_cast<char*>(buf));
   // The bf16 runner reads panel P of expert e at w + e * expert_stride + P * panel_stride:

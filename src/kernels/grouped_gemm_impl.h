@@ -190,6 +190,12 @@ void run_task_avx2_bf16(const Job& j, const Task& t);
 void run_task_avx512_f32(const Job& j, const Task& t);
 void run_task_avx512_bf16emu(const Job& j, const Task& t);  // bf16 weights, no AVX512_BF16
 void run_task_avx512bf16(const Job& j, const Task& t);     // vdpbf16ps
+// AMX-BF16 tiles (grouped_gemm_amx.cpp), decode and prefill, for weights whose K fits the
+// tiles' k steps of 32 (amx_bf16_fits); other K run vdpbf16ps, every row alike.
+namespace {  // internal linkage: see the ODR note above
+inline bool amx_bf16_fits(int64_t k) { return k % 32 == 0; }
+}  // namespace
+void run_task_amx_bf16(const Job& j, const Task& t);
 void run_task_portable_i8(const Job& j, const Task& t);    // grouped_gemm_int8.cpp
 // I8 pieces of packing and the reference (grouped_gemm_int8.cpp).
 void alloc_q8(PackedExperts& p);
@@ -223,6 +229,8 @@ Tensor unpack_expert_f8(const PackedExperts& p, int64_t e);
 void dequant_pairs_f8_avx512bf16(const Job& j, int64_t e, int64_t P, int64_t p0, int64_t p1, uint16_t* dst);
 // The F8 task with vdpbf16ps (grouped_gemm_avx512.cpp); buf: a bf16 panel's bytes.
 void run_task_f8_avx512bf16(const Job& j, const Task& t, char* buf);
+// The F8 task on AMX-BF16 tiles (grouped_gemm_amx.cpp; K: amx_bf16_fits); buf as above.
+void run_task_f8_amx(const Job& j, const Task& t, char* buf);
 // The same two on AVX2 (grouped_gemm_avx2.cpp): decode converts in registers, prefill
 // dequantises a panel into buf (64-byte aligned) and runs the AVX2 bf16 kernel on it.
 void dequant_pairs_f8_avx2(const Job& j, int64_t e, int64_t P, int64_t p0, int64_t p1, uint16_t* dst);

@@ -37,6 +37,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/grouped_gemm_amx_common.h"
 #include "kernels/grouped_gemm_avx2_common.h"
 #include "kernels/grouped_gemm_int4_avx512_common.h"
 #include "kernels/grouped_gemm_int4_impl.h"
@@ -51,15 +52,6 @@ constexpr int64_t kBlockK = 256;  // k of a panel decoded at once: 16 KiB, in L1
 
 struct alignas(64) CacheLine {  // the unit of the aligned scratch buffers
   uint8_t b[64];
-};
-
-// The 64-byte operand of LDTILECFG (palette 1).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};  // bytes per row of each tile
-  uint8_t rows[16] = {};
 };
 
 // Tiles 0-3: C, 16 rows x 16 int32. Tiles 4 and 7: A, 16 rows x tk bytes. Tiles 5, 6: B,
@@ -80,10 +72,6 @@ void configure_tiles(int64_t tk) {
   }
   _tile_loadconfig(&c);
 }
-
-// The tile loads are asm without a memory clobber: GCC may not keep the stores that filled a
-// stage or a decoded panel before them unless told.
-inline void compiler_barrier() { __asm__ volatile("" ::: "memory"); }
 
 inline void zero_quads(uint8_t* out, int64_t q0, int64_t q1) {  // quads q0..q1 of out
   if (q1 > q0) std::memset(out + q0 * kI4OctetBytes, 0, static_cast<size_t>((q1 - q0) * kI4OctetBytes));
