@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "core/check.h"
 #include "core/cpu.h"
@@ -19,8 +20,9 @@ using test::IsaScope;
 TEST(Probes, EveryKernelPeakIsPositiveOnEveryIsa) {
   for (Isa isa : test::available_isas()) {
     IsaScope s(isa);
-    for (DType dt : {DType::F32, DType::BF16, DType::F8E4M3, DType::I8}) {
-      const PeakProbe p = kernel_peak_probe(dt);
+    for (auto [dt, coded] : {std::pair{DType::F32, false}, {DType::BF16, false}, {DType::F8E4M3, false},
+                             {DType::I8, false}, {DType::I8, true}}) {
+      const PeakProbe p = kernel_peak_probe(dt, coded);
       EXPECT_TRUE(peak_probe_available(p)) << isa_name(isa) << " " << dtype_name(dt);
       const double v = measure_peak(p, 1);
       std::printf("[ probes ] %-10s %-6s %-18s %8.1f %s\n", isa_name(isa), dtype_name(dt), peak_probe_name(p), v,
@@ -58,6 +60,19 @@ TEST(Probes, ProbeIsTheKernelsInstructions) {
   if (hardware_isa() >= Isa::Avx512Bf16) {
     IsaScope s(Isa::Avx512Bf16);
     EXPECT_EQ(kernel_peak_probe(DType::BF16), PeakProbe::Bf16Avx512Dp);
+    EXPECT_EQ(kernel_peak_probe(DType::I8, true), PeakProbe::I8Avx512Vnni);  // group-coded: VNNI below amx
+  }
+  if (hardware_isa() >= Isa::Amx) {
+    IsaScope s(Isa::Amx);
+    EXPECT_EQ(kernel_peak_probe(DType::BF16), PeakProbe::Bf16AmxTile);    // decode and prefill on tiles
+    EXPECT_EQ(kernel_peak_probe(DType::F8E4M3), PeakProbe::Bf16AmxTile);  // dequantised to bf16 tiles
+    EXPECT_EQ(kernel_peak_probe(DType::I8), PeakProbe::I8Avx512Vnni);     // W8A8 stays on VNNI
+    EXPECT_EQ(kernel_peak_probe(DType::I8, true), PeakProbe::I8AmxTile);  // group-coded prefill on tiles
+    EXPECT_STREQ(peak_probe_unit(PeakProbe::I8AmxTile), "GOP/s");
+    EXPECT_STREQ(peak_probe_unit(PeakProbe::Bf16AmxTile), "GFLOP/s");
+    // A tile product does 16 x 16 x 32 bf16 multiply-adds in the time vdpbf16ps does 16 x 2:
+    // its peak is several times vdpbf16ps' (Sapphire Rapids: 1024 against 64 flops per cycle).
+    EXPECT_GT(measure_peak(PeakProbe::Bf16AmxTile, 1), 2 * measure_peak(PeakProbe::Bf16Avx512Dp, 1));
   }
   EXPECT_THROW(kernel_peak_probe(DType::I64), Error);
 }
@@ -65,7 +80,7 @@ TEST(Probes, ProbeIsTheKernelsInstructions) {
 TEST(Probes, UnavailableProbeFailsInsteadOfZero) {
   IsaScope s(Isa::Portable);
   for (PeakProbe p : {PeakProbe::F32Avx2Fma, PeakProbe::I8Avx2Madd, PeakProbe::F32Avx512Fma, PeakProbe::Bf16Avx512Dp,
-                      PeakProbe::I8Avx512Vnni}) {
+                      PeakProbe::I8Avx512Vnni, PeakProbe::Bf16AmxTile, PeakProbe::I8AmxTile}) {
     EXPECT_FALSE(peak_probe_available(p)) << peak_probe_name(p);
     EXPECT_THROW(measure_peak(p, 1), Error) << peak_probe_name(p);
   }

@@ -112,7 +112,7 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
   const double bw = std::min(bw_probe, bw_weights);
   // The peak of the instructions this dtype's kernel runs at the active ISA level
   // (kernels/probes.h, kernel_peak_probe): e.g. bf16 on AVX2 widens to f32 and FMAs.
-  const PeakProbe probe = kernel_peak_probe(dtype);
+  const PeakProbe probe = kernel_peak_probe(dtype, int4_group > 0);
   const double peak = measure_peak(probe, threads);
   fmt::print("  limits: read bandwidth {:.1f} GB/s (512 MB probe buffer {:.1f}, the weights themselves {:.1f}), "
              "peak: {} {:.0f} {}\n\n",
@@ -197,10 +197,11 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
       "row: the highest of\nmin(512 MB probe buffer, the packed W13 + W2 themselves) read at start-up and the packed "
       "W13 + W2 read again\nright before and right after the row; every read streams the whole buffer once with "
       "{} loads on {} threads,\nbest of 5.\n"
-      "frac_pk = {} / peak {}: {} on {} threads, operands in\nregisters (or L1), best of 3 by thread CPU time, at start-up ({} kernel at "
+      "frac_pk = {} / peak {}: {} on {} threads, operands in\n{}, best of 3 by thread CPU time, at start-up ({} kernel at "
       "{}). {} = 2 x multiply-adds (routed k x 3HI, router EH, shared 3HS per token).\n\n",
       dtype == DType::F8E4M3 ? " + their fp8 block scales" : "", read_probe_loads(), threads,
-      dtype == DType::I8 ? "GOP/s" : "GFLOP/s", peak_probe_name(probe), peak_probe_what(probe), threads, dtype_str,
+      dtype == DType::I8 ? "GOP/s" : "GFLOP/s", peak_probe_name(probe), peak_probe_what(probe), threads,
+      probe == PeakProbe::Bf16AmxTile || probe == PeakProbe::I8AmxTile ? "tiles" : "registers (or L1)", dtype_str,
       isa_name(active_isa()), dtype == DType::I8 ? "GOP" : "GFLOP");
   if (!all_ok) fmt::print(stderr, "moe-ep bench: the {} output check FAILED; its timings are not valid\n", dtype_str);
   return all_ok;

@@ -171,13 +171,17 @@ const char* peak_probe_name(PeakProbe p) {
     case PeakProbe::I32Scalar: return "portable-int32";
     case PeakProbe::I8Avx2Madd: return "avx2-maddubs-int8";
     case PeakProbe::I8Avx512Vnni: return "avx512-vnni-int8";
+    case PeakProbe::Bf16AmxTile: return "amx-bf16";
+    case PeakProbe::I8AmxTile: return "amx-int8";
   }
   return "?";
 }
 
 const char* peak_probe_unit(PeakProbe p) {
-  return p == PeakProbe::I32Scalar || p == PeakProbe::I8Avx2Madd || p == PeakProbe::I8Avx512Vnni ? "GOP/s"
-                                                                                                   : "GFLOP/s";
+  return p == PeakProbe::I32Scalar || p == PeakProbe::I8Avx2Madd || p == PeakProbe::I8Avx512Vnni ||
+                 p == PeakProbe::I8AmxTile
+             ? "GOP/s"
+             : "GFLOP/s";
 }
 
 std::string peak_probe_what(PeakProbe p) {
@@ -196,6 +200,10 @@ std::string peak_probe_what(PeakProbe p) {
                          probes::kInt8Chains);
     case PeakProbe::I8Avx512Vnni:
       return fmt::format("{} independent chains of vpdpbusd zmm (128 ops each)", probes::kChains);
+    case PeakProbe::Bf16AmxTile:
+      return fmt::format("{} independent tiles of TDPBF16PS 16x16x32 (16384 flops each)", probes::kTileChains);
+    case PeakProbe::I8AmxTile:
+      return fmt::format("{} independent tiles of TDPBSSD 16x16x64 (32768 ops each)", probes::kTileChains);
   }
   return "?";
 }
@@ -215,11 +223,13 @@ bool peak_probe_available(PeakProbe p) {
     case PeakProbe::F32Avx512Fma: return isa >= Isa::Avx512;
     case PeakProbe::Bf16Avx512Dp: return isa >= Isa::Avx512Bf16;
     case PeakProbe::I8Avx512Vnni: return isa >= Isa::Avx512 && cpu_features().avx512_vnni;
+    case PeakProbe::Bf16AmxTile:
+    case PeakProbe::I8AmxTile: return isa >= Isa::Amx;
   }
   return false;
 }
 
-PeakProbe kernel_peak_probe(DType weights) {
+PeakProbe kernel_peak_probe(DType weights, bool group_coded) {
   const Isa isa = active_isa();
   const PeakProbe f32 = isa >= Isa::Avx512 ? PeakProbe::F32Avx512Fma
                         : isa >= Isa::Avx2 ? PeakProbe::F32Avx2Fma
@@ -228,8 +238,10 @@ PeakProbe kernel_peak_probe(DType weights) {
     case DType::F32: return f32;
     case DType::BF16:
     case DType::F8E4M3:
-    case DType::F8E5M2: return isa >= Isa::Avx512Bf16 ? PeakProbe::Bf16Avx512Dp : f32;
+    case DType::F8E5M2:
+      return isa >= Isa::Amx ? PeakProbe::Bf16AmxTile : isa >= Isa::Avx512Bf16 ? PeakProbe::Bf16Avx512Dp : f32;
     case DType::I8:
+      if (group_coded && isa >= Isa::Amx) return PeakProbe::I8AmxTile;
       if (peak_probe_available(PeakProbe::I8Avx512Vnni)) return PeakProbe::I8Avx512Vnni;
       return isa >= Isa::Avx2 ? PeakProbe::I8Avx2Madd : PeakProbe::I32Scalar;
     default: break;
@@ -256,6 +268,8 @@ double measure_peak(PeakProbe p, int threads) {
       break;
     }
     case PeakProbe::I8Avx512Vnni: ops = peak_of(nt, probes::kChains * 128.0, probes::int8_chain); break;
+    case PeakProbe::Bf16AmxTile: ops = peak_of(nt, probes::kTileChains * 16384.0, probes::bf16_tile_chain); break;
+    case PeakProbe::I8AmxTile: ops = peak_of(nt, probes::kTileChains * 32768.0, probes::int8_tile_chain); break;
   }
   MOE_CHECK(ops > 0, "internal: peak probe {} measured {} ops/s", peak_probe_name(p), ops);
   return ops / 1e9;

@@ -36,6 +36,8 @@ enum class PeakProbe : uint8_t {
   I32Scalar,     // portable int8 kernel: int32 multiply + add (2 ops)
   I8Avx2Madd,    // vpsignb + vpmaddubsw + vpmaddwd + vpaddd per 32 bytes: 32 MACs (64 ops)
   I8Avx512Vnni,  // vpdpbusd zmm: 64 u8 x s8 products (128 ops)
+  Bf16AmxTile,   // TDPBF16PS: 16 x 16 outputs x 32 bf16 products (16384 flops)
+  I8AmxTile,     // TDPBSSD: 16 x 16 outputs x 64 s8 x s8 products (32768 ops)
 };
 const char* peak_probe_name(PeakProbe p);  // "avx2-fma-f32", "avx512-vnni-int8", ...
 const char* peak_probe_unit(PeakProbe p);  // "GFLOP/s" (float probes) or "GOP/s" (integer)
@@ -48,13 +50,16 @@ bool peak_probe_available(PeakProbe p);
 // The probe of the instructions the grouped GEMM runs for `weights` (the routed
 // experts' dtype) at active_isa():
 //   f32                          f32 FMA of the level (zmm, ymm; portable: SSE mul+add)
-//   bf16, fp8 (e4m3, e5m2)       avx512bf16: vdpbf16ps; below: the f32 FMA of the level
-//                                (bf16 is widened to f32; fp8 is dequantised to bf16 first)
+//   bf16, fp8 (e4m3, e5m2)       amx: TDPBF16PS; avx512bf16: vdpbf16ps; below: the f32 FMA
+//                                of the level (bf16 is widened to f32; fp8 is dequantised
+//                                to bf16 first)
 //   int8 (W8A8)                  AVX512_VNNI: vpdpbusd; AVX2 (also AVX-512 without VNNI,
 //                                which runs the AVX2 kernel): the vpmaddubsw sequence;
 //                                portable: scalar int32
+//   int8, group_coded (W4A8 and  as int8, except at amx: TDPBSSD (the prefill's tiles; decode
+//   the GGUF integer types)      stays on vpdpbusd, whose peak is lower)
 // Always an available probe; other dtypes fail with a clear error.
-PeakProbe kernel_peak_probe(DType weights);
+PeakProbe kernel_peak_probe(DType weights, bool group_coded = false);
 // Best of 3 runs of the probe, in peak_probe_unit(p) (1e9 ops/s), each run timed by
 // the slowest thread's own CPU time (CLOCK_THREAD_CPUTIME_ID: on a shared machine a
 // descheduled thread does not lower the peak). > 0. Fails (never

@@ -15,6 +15,10 @@ uint64_t read_sum_avx512(const char* p, size_t bytes);  // bytes: multiple of 25
 double bf16_chain(int64_t iters);        // iters x kChains vdpbf16ps zmm
 double f32_chain_avx512(int64_t iters);  // iters x kChains vfmadd zmm
 double int8_chain(int64_t iters);        // iters x kChains vpdpbusd zmm
+// AMX (probes_amx.cpp): iters x 4 tile products into 4 independent C tiles.
+inline constexpr int kTileChains = 4;
+double bf16_tile_chain(int64_t iters);  // TDPBF16PS 16 x 16 x 32: 16384 flops each
+double int8_tile_chain(int64_t iters);  // TDPBSSD 16 x 16 x 64: 32768 ops each
 
 // AVX2 has 16 ymm registers. f32: 12 FMA chains cover Zen 3's 2 FMA pipes x latency 4
 // (8 in flight) and Intel's 2 x 4 with margin, leaving 2 registers for the operands.
