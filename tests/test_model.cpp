@@ -200,7 +200,15 @@ TEST(ModelBadInput, ClearErrors) {
   EXPECT_NE(error_of([&] { generate(*m, {{1, 2, 3, 4, 5, 6, 7}}, go); }).find("over --max-seq-len 16"),
             std::string::npos);
   EXPECT_NE(error_of([&] { prefill_logits(*m, {{1}, {2}, {3}, {4}}); }).find("sequence slots"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_prompt_ids("1,2;3,x"); }).find("prompt 1: 'x' is not a token id"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_prompt_ids("1,2;3,x"); }).find("prompt 1, entry 1: 'x' is not a token id"),
+            std::string::npos);
+  {  // ids separated by spaces are one entry: quoted up to 40 characters, not the whole prompt
+    std::string spaced;
+    for (int i = 0; i < 1000; ++i) spaced += std::to_string(1000 + i) + " ";
+    const std::string e = error_of([&] { parse_prompt_ids(spaced); });
+    EXPECT_NE(e.find("prompt 0, entry 0: '" + spaced.substr(0, 40) + "...' is not a token id"), std::string::npos) << e;
+    EXPECT_LT(e.size(), 300u) << e;
+  }
   EXPECT_NE(error_of([] { parse_prompt_ids("1,,2"); }).find("empty entry"), std::string::npos);
   // The TP size must divide the query heads: qwen2_moe has 4 query and 2 key/value heads.
   const Checkpoint ck = Checkpoint::open(dir);

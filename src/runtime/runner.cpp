@@ -47,10 +47,12 @@ std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& text) {
       if (!tok.empty()) {
         long long v = 0;
         auto [ptr, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
+        // The entry is quoted up to 40 characters: an @FILE of ids separated by spaces is one
+        // entry of the whole file, which the message should not repeat.
         MOE_CHECK(ec == std::errc() && ptr == tok.data() + tok.size() && v >= INT32_MIN && v <= INT32_MAX,
-                  "--prompt-ids: prompt {}: '{}' is not a token id (expected integers separated by ',', prompts by "
-                  "';')",
-                  out.size(), tok);
+                  "--prompt-ids: prompt {}, entry {}: '{}' is not a token id (expected integers separated by ',', "
+                  "prompts by ';')",
+                  out.size(), ids.size(), tok.size() > 40 ? tok.substr(0, 40) + "..." : tok);
         ids.push_back(static_cast<int32_t>(v));
       } else {
         MOE_CHECK(q == std::string::npos && (p == part.size() || part.find_first_not_of(" \t", p) == std::string::npos),
