@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -16,6 +17,7 @@
 
 #include "core/check.h"
 #include "kernels/grouped_gemm_int4.h"
+#include "kernels/quant.h"
 #include "loader/checkpoint.h"
 #include "loader/hf_int4/hf_int4.h"
 #include "loader/inventory.h"
@@ -28,6 +30,7 @@
 #include "moe/config.h"
 #include "runtime/generate.h"
 #include "test_model_util.h"
+#include "test_isa.h"
 #include "test_mutate.h"
 
 namespace moe {
@@ -263,8 +266,8 @@ TEST(HfInt4Loader, LinearsAreExactInt4) {
 
 // A true act-order g_idx (GPTQ desc_act: a group's columns scattered): a linear stays
 // int4 with its input columns sorted by group and its input gathered in that order
-// (Linear::in_perm), values unchanged; where no order makes groups whole (an expert, whose
-// activations the dispatch shares; a TP slice holding part of a group) the weight loads
+// (Linear::in_perm), values unchanged; where no order makes groups whole (an expert whose
+// gate and up are in different orders; a TP slice holding part of a group) the weight loads
 // dequantised exactly, each column with the scale and zero point of its g_idx group (an
 // expert: its whole layer's experts); the other weights stay int4.
 TEST(HfInt4Loader, ActOrderGIdxLoadsDequantisedExactly) {
@@ -354,6 +357,161 @@ TEST(HfInt4Loader, ActOrderGIdxLoadsDequantisedExactly) {
     ab += x * y, aa += x * x, bb += y * y;
   }
   EXPECT_GE(ab / std::sqrt(aa * bb), kInt4Cosine);
+}
+
+// An act-order expert whose gate and up share a g_idx (GPTQ quantises both on the same
+// inputs) stays int4: its input columns sorted by group (PackedExperts::in_perm, the
+// activations gathered to match inside grouped_gemm) and, where down has an act order
+// over the intermediate neurons, gate's and up's rows and down's columns reordered alike.
+TEST(HfInt4Loader, ActOrderExpertsStayInt4WithTheirInputsGathered) {
+  const std::string ex = "model.layers.1.mlp.experts.2.";
+  test::TempDir d;
+  test::mutate_fixture(
+      "hf_int4/gptq_sym_g32", d.path(),
+      [&](test::Tensors& ts) {
+        for (const char* proj : {"gate_proj", "up_proj"}) {
+          int32_t* g = test::find_tensor(ts, ex + proj + ".g_idx")->data<int32_t>();
+          std::swap(g[0], g[40]);  // column 0 in group 1, column 40 in group 0
+        }
+      },
+      [](json& c) { c["quantization_config"]["desc_act"] = true; });
+  const Checkpoint a = Checkpoint::open(d.path());
+  const MoeConfig cfg = MoeConfig::from_hf(a.config());
+  const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts;
+  auto rd = [](const std::string& m, int64_t n, int64_t k) {
+    return TensorRead{m + ".weight", {n, k}, ShardRule::replicated(), 0, 1, -1};
+  };
+  const TensorRead gate = rd(ex + "gate_proj", I, H), up = rd(ex + "up_proj", I, H), down = rd(ex + "down_proj", H, I);
+  const auto orders = hf_int4::expert_act_order(a, gate, up, down);
+  ASSERT_TRUE(orders.has_value());
+  EXPECT_EQ(orders->hidden[0], 1);  // group 0: columns 1..31 and 40
+  EXPECT_EQ(orders->hidden[31], 40);
+  EXPECT_EQ(orders->hidden[32], 0);  // group 1: columns 0, 32..39, 41..63
+  for (int64_t i = 0; i < I; ++i) ASSERT_EQ(orders->inter[i], i);  // down: one group of 32, in order
+
+  // The loaded layer: int4, expert 2's inputs in that order, the others' in theirs (identity).
+  MlpLoadOptions o;
+  const MoeLayerWeights w = load_moe_layer(a, cfg, 1, o);
+  ASSERT_EQ(w.w13.int4_group, 32);
+  ASSERT_TRUE(w.w13.in_perm.defined());
+  EXPECT_FALSE(w.w2.in_perm.defined());
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t j = 0; j < H; ++j)
+      ASSERT_EQ(w.w13.in_perm.data<int32_t>()[e * H + j], e == 2 ? orders->hidden[j] : j) << "expert " << e;
+  // Unpacked (in input order) every weight is the file's dequantised value, exactly.
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string m = fmt::format("model.layers.1.mlp.experts.{}.", e);
+    const Tensor g = hf_int4::dequantize(a, rd(m + "gate_proj", I, H)), u = hf_int4::dequantize(a, rd(m + "up_proj", I, H));
+    const Tensor dn = hf_int4::dequantize(a, rd(m + "down_proj", H, I));
+    const Tensor w13 = unpack_expert(w.w13, e), w2 = unpack_expert(w.w2, e);
+    for (int64_t i = 0; i < I * H; ++i) {
+      ASSERT_EQ(w13.data<float>()[i], g.data<float>()[i]) << "expert " << e << " gate " << i;
+      ASSERT_EQ(w13.data<float>()[I * H + i], u.data<float>()[i]) << "expert " << e << " up " << i;
+      ASSERT_EQ(w2.data<float>()[i], dn.data<float>()[i]) << "expert " << e << " down " << i;
+    }
+  }
+
+  // grouped_gemm gathers each expert's rows: every ISA gives the reference's bits, and
+  // the reference equals the float GEMM of the input-order weights to f32 rounding.
+  const std::vector<int64_t> off = {0, 3, 3, 9, 10};  // expert 2: 6 rows (prefill), 1: none
+  const int64_t R = off[E];
+  std::vector<float> x(R * H);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.61f * static_cast<float>(i)) + 0.05f;
+  Tensor q8 = Tensor::empty({R, q8_row_bytes(H)}, DType::I8);
+  QuantizeRowsParams qp;
+  qp.x = x.data();
+  qp.ldx = H;
+  qp.rows = R;
+  qp.k = H;
+  qp.dst = q8.raw();
+  qp.ld_dst = q8_row_bytes(H);
+  quantize_rows_q8(qp);
+  auto run = [&](bool reference) {
+    Tensor c = Tensor::zeros({R, I}, DType::F32);
+    GroupedGemmParams p;
+    p.w = &w.w13;
+    p.a = q8.raw();
+    p.lda = q8_row_bytes(H);
+    p.offsets = off.data();
+    p.c = c.raw();
+    p.ldc = I;
+    p.act = Activation::SiluMul;
+    reference ? grouped_gemm_reference(p) : grouped_gemm(p);
+    return c;
+  };
+  const Tensor want = run(true);
+  for (Isa isa : test::available_isas()) {
+    test::IsaScope scope(isa);
+    const Tensor got = run(false);
+    ASSERT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0) << isa_name(isa);
+  }
+  for (int64_t r = off[2]; r < off[3]; ++r) {  // expert 2 against its input-order weights
+    const Tensor w13 = unpack_expert(w.w13, 2);
+    const float as = q8_row_scale(static_cast<const char*>(q8.raw()) + r * q8_row_bytes(H), H);
+    const int8_t* qa = static_cast<const int8_t*>(q8.raw()) + r * q8_row_bytes(H);
+    for (int64_t i = 0; i < I; ++i) {
+      double gs = 0, us = 0;
+      for (int64_t k = 0; k < H; ++k) {
+        gs += double(qa[k]) * as * w13.data<float>()[i * H + k];
+        us += double(qa[k]) * as * w13.data<float>()[(I + i) * H + k];
+      }
+      const double y = gs / (1 + std::exp(-gs)) * us;
+      ASSERT_NEAR(want.data<float>()[r * I + i], y, 1e-4 * (1 + std::fabs(y))) << "row " << r << " neuron " << i;
+    }
+  }
+
+  // A neuron order (any order keeps down's one group of 32 whole): gate's and up's rows and
+  // down's columns move together, so the MLP's output is the same, bit for bit (down's
+  // single group sums exact integers in any order).
+  hf_int4::ExpertOrders rev = *orders;
+  std::reverse(rev.inter.begin(), rev.inter.end());
+  auto mlp = [&](const hf_int4::ExpertOrders& ord) {
+    PackedExperts p13 = make_packed_experts_int4(1, 2 * I, H, true, 32), p2 = make_packed_experts_int4(1, H, I, false, 32);
+    p13.in_perm = Tensor::empty({1, H}, DType::I32);
+    hf_int4::pack_expert(a, p13, p2, 0, gate, up, down, &ord);
+    const Tensor u13 = unpack_expert(p13, 0), u2 = unpack_expert(p2, 0);
+    const Tensor g = hf_int4::dequantize(a, gate), dn = hf_int4::dequantize(a, down);
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t k = 0; k < H; ++k) {
+        EXPECT_EQ(u13.data<float>()[i * H + k], g.data<float>()[ord.inter[i] * H + k]);
+        EXPECT_EQ(u2.data<float>()[k * I + i], dn.data<float>()[k * I + ord.inter[i]]);
+      }
+    const std::vector<int64_t> one = {0, R};
+    Tensor mid = Tensor::zeros({R, I}, DType::F32), y = Tensor::zeros({R, H}, DType::F32);
+    GroupedGemmParams p;
+    p.w = &p13;
+    p.a = q8.raw();
+    p.lda = q8_row_bytes(H);
+    p.offsets = one.data();
+    p.c = mid.raw();
+    p.ldc = I;
+    p.act = Activation::SiluMul;
+    grouped_gemm(p);
+    Tensor q8m = Tensor::empty({R, q8_row_bytes(I)}, DType::I8);
+    QuantizeRowsParams mq;
+    mq.x = mid.raw();
+    mq.ldx = I;
+    mq.rows = R;
+    mq.k = I;
+    mq.dst = q8m.raw();
+    mq.ld_dst = q8_row_bytes(I);
+    quantize_rows_q8(mq);
+    p.w = &p2;
+    p.a = q8m.raw();
+    p.lda = q8_row_bytes(I);
+    p.c = y.raw();
+    p.ldc = H;
+    p.act = Activation::None;
+    grouped_gemm(p);
+    return y;
+  };
+  const Tensor y_in_order = mlp(*orders), y_reversed = mlp(rev);
+  EXPECT_EQ(std::memcmp(y_in_order.raw(), y_reversed.raw(), y_in_order.nbytes()), 0);
+
+  // The whole model runs with it, near its dequantised twin (int8 activations' rounding).
+  auto qm = load(d.path(), DType::F32, true), fm = load(d.path(), DType::F32, false);
+  EXPECT_GE(test::worst_logit_cosine(prefill_logits(*qm, kPrompts), prefill_logits(*fm, kPrompts), kPrompts),
+            kInt4Cosine);
 }
 
 // Dequantised at load (int4 off), the model is the reference directory's, bit for bit, in

@@ -12,7 +12,8 @@ namespace {
 // The per-expert side tensors of p, in piece order; each undefined or [n_experts, ...].
 template <class P>
 auto side_tensors(P& p) {
-  return std::array{&p.w_scale, &p.w_comp, &p.smooth, &p.act_scale, &p.w_zero, &p.w_offset, &p.w_sb_d, &p.w_sb_m, &p.w_sc, &p.w_mn};
+  return std::array{&p.w_scale, &p.w_comp, &p.smooth, &p.act_scale, &p.w_zero, &p.w_offset, &p.w_sb_d, &p.w_sb_m, &p.w_sc, &p.w_mn,
+                    &p.in_perm};
 }
 
 }  // namespace

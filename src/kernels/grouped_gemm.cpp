@@ -82,6 +82,36 @@ void check_params(const GroupedGemmParams& p) {
   }
 }
 
+// Act-order experts (PackedExperts::in_perm): p with its rows gathered into buf, each
+// expert's Q8 row in its weight's column order (the scale tail copied: a row's scale does
+// not depend on the order of its values), so the kernels and the reference see whole groups.
+// Row r stays row r (rows before offsets[0] are left unwritten).
+GroupedGemmParams gather_in_perm(const GroupedGemmParams& p, std::vector<char>& buf) {
+  const PackedExperts& w = *p.w;
+  MOE_CHECK(w.int4_group > 0 && w.in_perm.dtype() == DType::I32 && w.in_perm.shape() == Shape({w.n_experts, w.k}),
+            "grouped_gemm: in_perm {} for {} group-coded experts of k {}", w.in_perm.describe(), w.n_experts, w.k);
+  const int64_t K = w.k, rb = q8_row_bytes(K), r1 = p.offsets[w.n_experts];
+  if (static_cast<int64_t>(buf.size()) < r1 * rb) buf.resize(static_cast<size_t>(r1 * rb));
+  const char* a = static_cast<const char*>(p.a);
+  char* out = buf.data();
+  const int32_t* perms = w.in_perm.data<int32_t>();
+  const int64_t* off = p.offsets;
+  const int64_t E = w.n_experts;
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && (r1 - off[0]) * K >= (int64_t{1} << 18))
+  for (int64_t r = off[0]; r < r1; ++r) {
+    const int64_t e = std::upper_bound(off, off + E + 1, r) - off - 1;
+    const int32_t* perm = perms + e * K;
+    const char* src = a + r * p.lda;
+    char* dst = out + r * rb;
+    for (int64_t j = 0; j < K; ++j) dst[j] = src[perm[j]];
+    std::memcpy(dst + K, src + K, static_cast<size_t>(rb - K));
+  }
+  GroupedGemmParams q = p;
+  q.a = out;
+  q.lda = rb;
+  return q;
+}
+
 gg::Job make_job(const GroupedGemmParams& p) {
   const PackedExperts& w = *p.w;
   gg::Job j;
@@ -195,6 +225,14 @@ void build_tasks(const gg::Job& j, int64_t n_experts, int64_t np, int nt, std::v
 
 void grouped_gemm(const GroupedGemmParams& p) {
   check_params(p);
+  if (p.w->in_perm.defined() && p.offsets[p.w->n_experts] > p.offsets[0]) {
+    thread_local std::vector<char> gathered;
+    GroupedGemmParams q = gather_in_perm(p, gathered);
+    PackedExperts plain = *p.w;  // shares the storage; the gathered rows need no permutation
+    plain.in_perm = Tensor();
+    q.w = &plain;
+    return grouped_gemm(q);
+  }
   const PackedExperts& w = *p.w;
   const gg::Job j = make_job(p);
   const int64_t np = gg::n_panels(w.n, w.gated);
@@ -219,6 +257,14 @@ void grouped_gemm(const GroupedGemmParams& p) {
 
 void grouped_gemm_reference(const GroupedGemmParams& p) {
   check_params(p);
+  if (p.w->in_perm.defined() && p.offsets[p.w->n_experts] > p.offsets[0]) {
+    std::vector<char> gathered;
+    GroupedGemmParams q = gather_in_perm(p, gathered);
+    PackedExperts plain = *p.w;
+    plain.in_perm = Tensor();
+    q.w = &plain;
+    return grouped_gemm_reference(q);
+  }
   const PackedExperts& w = *p.w;
   if (w.int4_group > 0) return gg::reference_i4(p);
   if (w.dtype == DType::I8) return gg::reference_i8(p);

@@ -85,6 +85,11 @@ struct PackedExperts {
   // Zero-point form with one zero point for every group (CodedFormat::zero): this code,
   // and w_zero undefined. -1: w_zero holds them (or the offset form).
   int uniform_zero = -1;
+  // Group-coded weights only (undefined otherwise: column j reads input j): i32 [E, k],
+  // column j of expert e's weight reads input column in_perm[e][j]. An act-order GPTQ
+  // expert's columns sorted by group (loader/hf_int4): grouped_gemm gathers each expert's
+  // activation rows in this order first, so the kernels see whole groups.
+  Tensor in_perm;
 
   int64_t n_out() const { return gated ? n / 2 : n; }
   // The dtype of activation rows for these weights: bf16 for FP8 (weight-only), else dtype.
@@ -145,7 +150,7 @@ void copy_expert(PackedExperts& dst, int64_t d, const PackedExperts& src, int64_
 // n_experts zeroed slots of p's format (dtype, shape, block sizes, side tensors).
 PackedExperts make_packed_like(const PackedExperts& p, int64_t n_experts);
 // Unpacks expert e back to an f32 [n, k] tensor (tests and debugging; I8: q * scale;
-// F8E4M3: the bf16 values the kernel computes with).
+// F8E4M3: the bf16 values the kernel computes with; with in_perm, in input column order).
 Tensor unpack_expert(const PackedExperts& p, int64_t e);
 // I8: expert e's int8 weights [n, k] and per-channel scales [n] f32 (tests, reference).
 void unpack_expert_q8(const PackedExperts& p, int64_t e, Tensor& q, Tensor& scale);

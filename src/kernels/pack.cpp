@@ -244,7 +244,16 @@ Tensor zeroed_huge_pages(const Shape& shape, DType dtype) {
 
 Tensor unpack_expert(const PackedExperts& p, int64_t e) {
   MOE_CHECK(0 <= e && e < p.n_experts, "unpack_expert: expert {} out of range [0, {})", e, p.n_experts);
-  if (p.int4_group > 0) return gg::unpack_expert_i4(p, e);
+  if (p.int4_group > 0) {
+    const Tensor packed = gg::unpack_expert_i4(p, e);
+    if (!p.in_perm.defined()) return packed;
+    // Act-order: packed column j is input column in_perm[e][j].
+    Tensor out = Tensor::zeros({p.n, p.k}, DType::F32);
+    const int32_t* perm = p.in_perm.data<int32_t>() + e * p.k;
+    for (int64_t n = 0; n < p.n; ++n)
+      for (int64_t j = 0; j < p.k; ++j) out.data<float>()[n * p.k + perm[j]] = packed.data<float>()[n * p.k + j];
+    return out;
+  }
   if (p.dtype == DType::I8) return gg::unpack_expert_i8(p, e);
   if (p.dtype == DType::F8E4M3) return gg::unpack_expert_f8(p, e);
   Tensor out = Tensor::zeros({p.n, p.k}, DType::F32);

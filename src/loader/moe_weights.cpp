@@ -141,13 +141,22 @@ GatedMlpWeights load_gated(const Checkpoint& ck, const LayerRead& g, const Layer
   const int64_t I = g.rule.kind == ShardKind::Column ? g.full_shape[0] / g.size : g.full_shape[0], H = g.full_shape[1];
   GatedMlpWeights w;
   w.act = act;
-  if (int4 && hf_int4::is_int4_weight(ck, g.key) && hf_int4::int4_exact(ck, g.tensor_read()) &&
-      hf_int4::int4_exact(ck, u.tensor_read()) && hf_int4::int4_exact(ck, d.tensor_read())) {
-    const int64_t group = hf_int4::kernel_group(ck);
-    w.w13 = make_packed_experts_int4(1, 2 * I, H, /*gated=*/true, group);
-    w.w2 = make_packed_experts_int4(1, H, I, /*gated=*/false, group);
-    hf_int4::pack_expert(ck, w.w13, w.w2, 0, g.tensor_read(), u.tensor_read(), d.tensor_read());
-    return w;
+  if (int4 && hf_int4::is_int4_weight(ck, g.key)) {
+    // Act-order (no exact int4 slice): int4 with its inputs and neurons reordered where
+    // an order keeps every group whole (hf_int4::expert_act_order), else dequantised below.
+    const bool exact = hf_int4::int4_exact(ck, g.tensor_read()) && hf_int4::int4_exact(ck, u.tensor_read()) &&
+                       hf_int4::int4_exact(ck, d.tensor_read());
+    const auto orders =
+        exact ? std::nullopt : hf_int4::expert_act_order(ck, g.tensor_read(), u.tensor_read(), d.tensor_read());
+    if (exact || orders) {
+      const int64_t group = hf_int4::kernel_group(ck);
+      w.w13 = make_packed_experts_int4(1, 2 * I, H, /*gated=*/true, group);
+      w.w2 = make_packed_experts_int4(1, H, I, /*gated=*/false, group);
+      if (orders) w.w13.in_perm = Tensor::empty({1, H}, DType::I32);
+      hf_int4::pack_expert(ck, w.w13, w.w2, 0, g.tensor_read(), u.tensor_read(), d.tensor_read(),
+                           orders ? &*orders : nullptr);
+      return w;
+    }
   }
   const TensorRead gr = g.tensor_read(), ur = u.tensor_read(), dr = d.tensor_read();
   if (int4 && gguf::is_coded(ck, gr) && gguf::is_coded(ck, ur) && gguf::is_coded(ck, dr)) {  // GGUF codes as stored
@@ -523,18 +532,30 @@ MoeLayerWeights load_moe_layer_packed(const Checkpoint& ck, const MoeConfig& cfg
     }
   }
   const bool gguf_coded = gguf_f13.has_value();
-  // GPTQ / AWQ / compressed-tensors int4 experts stay 4-bit the same way (loader/hf_int4),
-  // unless one of them has an act-order g_idx (or this rank's TP slice cuts a group):
-  // then the layer's experts are dequantised exactly, like any float weight.
-  auto hf_int4_exact = [&] {
+  // GPTQ / AWQ / compressed-tensors int4 experts stay 4-bit the same way (loader/hf_int4).
+  // With an act-order g_idx too: each expert's inputs and neurons reordered so its groups
+  // are whole (hf_orders, one per expert, filled only when some expert needs it). Where
+  // some expert has no such order (or this rank's TP slice cuts a group) the layer's
+  // experts are dequantised exactly, like any float weight.
+  std::vector<std::optional<hf_int4::ExpertOrders>> hf_orders;
+  auto hf_int4_ok = [&] {
+    bool exact = true;
     for (int64_t e = 0; e < n_local; ++e)
-      for (const LayerRead* r : {gate[e], up[e], down[e]})
-        if (!hf_int4::is_int4_weight(ck, r->key) || !hf_int4::int4_exact(ck, r->tensor_read())) return false;
+      for (const LayerRead* r : {gate[e], up[e], down[e]}) {
+        if (!hf_int4::is_int4_weight(ck, r->key)) return false;
+        exact = exact && hf_int4::int4_exact(ck, r->tensor_read());
+      }
+    if (exact) return true;
+    hf_orders.resize(static_cast<size_t>(n_local));
+    for (int64_t e = 0; e < n_local; ++e) {
+      hf_orders[e] = hf_int4::expert_act_order(ck, gate[e]->tensor_read(), up[e]->tensor_read(), down[e]->tensor_read());
+      if (!hf_orders[e]) return false;
+    }
     return true;
   };
   const bool hf4 = opt.gguf_q4_0_as_int4 && !fused_gu && n_local > 0 && qf == QuantFormat::None &&
                    !opt.quantize_w8a8 && hf_int4::is_int4_weight(ck, gate[0]->key) &&
-                   (!opt.quantize_w4a8 || opt.int4_group == hf_int4::kernel_group(ck)) && hf_int4_exact();
+                   (!opt.quantize_w4a8 || opt.int4_group == hf_int4::kernel_group(ck)) && hf_int4_ok();
   const DType experts_dtype =
       opt.quantize_w8a8 || opt.quantize_w4a8 || gguf_coded || hf4 || qf != QuantFormat::None ? DType::I8 : opt.compute;
   // FP8 block-scaled experts computed in bf16 stay e4m3 in memory: the GEMM dequantises
@@ -552,6 +573,7 @@ MoeLayerWeights load_moe_layer_packed(const Checkpoint& ck, const MoeConfig& cfg
     const int64_t group = hf4 ? hf_int4::kernel_group(ck) : opt.int4_group;
     w.w13 = make_packed_experts_int4(n_local, 2 * Il, H, /*gated=*/true, group);
     w.w2 = make_packed_experts_int4(n_local, H, Il, /*gated=*/false, group);
+    if (hf4 && !hf_orders.empty()) w.w13.in_perm = Tensor::empty({n_local, H}, DType::I32);
   } else {
     w.w13 = make_packed_experts(n_local, 2 * Il, H, experts_dtype, /*gated=*/true);
     w.w2 = make_packed_experts(n_local, H, Il, experts_dtype, /*gated=*/false);
@@ -604,7 +626,7 @@ MoeLayerWeights load_moe_layer_packed(const Checkpoint& ck, const MoeConfig& cfg
       guarded([&] {
         if (hf4) {
           hf_int4::pack_expert(ck, w.w13, w.w2, e, gate[e]->tensor_read(), up[e]->tensor_read(),
-                               down[e]->tensor_read());
+                               down[e]->tensor_read(), hf_orders.empty() ? nullptr : &*hf_orders[e]);
           return;
         }
         if (gguf_coded) {

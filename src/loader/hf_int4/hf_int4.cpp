@@ -438,10 +438,50 @@ Tensor dequantize(const Checkpoint& ck, const TensorRead& r) {
   return out;
 }
 
+std::optional<ExpertOrders> expert_act_order(const Checkpoint& ck, const TensorRead& gate, const TensorRead& up,
+                                             const TensorRead& down) {
+  auto hidden = act_order(ck, gate);
+  const auto up_order = act_order(ck, up);
+  auto inter = act_order(ck, down);
+  if (!hidden || !up_order || !inter || *hidden != *up_order) return std::nullopt;
+  return ExpertOrders{std::move(*hidden), std::move(*inter)};
+}
+
+namespace {
+
+// s's rows in `order` (row i of the result = row order[i] of s).
+Int4Slice rows_in_order(const Int4Slice& s, const std::vector<int64_t>& order) {
+  const int64_t n = s.u.dim(0);
+  MOE_CHECK(static_cast<int64_t>(order.size()) == n, "internal: a row order of {} for {} rows", order.size(), n);
+  Int4Slice o{Tensor::empty(s.u.shape(), DType::U8), Tensor::empty(s.zero.shape(), DType::U8),
+              Tensor::empty(s.scale.shape(), DType::F32)};
+  for (const auto& [dst, src] : {std::pair{&o.u, &s.u}, {&o.zero, &s.zero}, {&o.scale, &s.scale}}) {
+    const size_t rb = src->nbytes() / static_cast<size_t>(n);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(static_cast<char*>(dst->raw()) + i * rb, static_cast<const char*>(src->raw()) + order[i] * rb, rb);
+  }
+  return o;
+}
+
+}  // namespace
+
 void pack_expert(const Checkpoint& ck, PackedExperts& w13, PackedExperts& w2, int64_t e, const TensorRead& gate,
-                 const TensorRead& up, const TensorRead& down) {
-  const Int4Slice g = read_slice(ck, gate), u = read_slice(ck, up), d = read_slice(ck, down);
+                 const TensorRead& up, const TensorRead& down, const ExpertOrders* orders) {
+  if (!orders) {
+    const Int4Slice g = read_slice(ck, gate), u = read_slice(ck, up), d = read_slice(ck, down);
+    pack_gated_expert_q4(w13, w2, e, {g.u, g.zero, g.scale}, {u.u, u.zero, u.scale}, {d.u, d.zero, d.scale});
+    return;
+  }
+  MOE_CHECK(w13.in_perm.defined() && w13.in_perm.dtype() == DType::I32 &&
+                w13.in_perm.shape() == Shape({w13.n_experts, w13.k}) &&
+                static_cast<int64_t>(orders->hidden.size()) == w13.k,
+            "internal: act-order expert {} without an in_perm [{}, {}]", e, w13.n_experts, w13.k);
+  const Int4Slice g = rows_in_order(read_slice(ck, gate, &orders->hidden), orders->inter);
+  const Int4Slice u = rows_in_order(read_slice(ck, up, &orders->hidden), orders->inter);
+  const Int4Slice d = read_slice(ck, down, &orders->inter);
   pack_gated_expert_q4(w13, w2, e, {g.u, g.zero, g.scale}, {u.u, u.zero, u.scale}, {d.u, d.zero, d.scale});
+  int32_t* perm = w13.in_perm.data<int32_t>() + e * w13.k;
+  for (int64_t j = 0; j < w13.k; ++j) perm[j] = static_cast<int32_t>(orders->hidden[j]);
 }
 
 void pack_matrix(const Checkpoint& ck, PackedExperts& w, int64_t e, const TensorRead& r) {

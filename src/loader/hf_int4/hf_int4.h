@@ -33,13 +33,14 @@
 // the same scale repeated, exact). A kernel group must lie in one file group: true for
 // every g_idx that keeps groups contiguous (desc_act false, GPTQ static_groups, or no
 // g_idx) and every TP slice that starts and ends on a kernel-group boundary. A true
-// act-order g_idx (columns of one group scattered) would need each weight's input
-// columns and its activations permuted, which is not implemented: the loaders
-// dequantise such a weight exactly to the compute dtype instead (int4_exact says which),
-// and read_slice on it is an error naming the tensor. A linear layer's act-order weight
-// stays int4 with its input columns sorted by group and its activations gathered in the
-// same order before its GEMM (act_order, Linear::in_perm): the same products, summed in
-// another order.
+// act-order g_idx (columns of one group scattered) needs each weight's input columns and
+// its activations permuted: read_slice without an order is an error naming the tensor. A
+// linear layer's act-order weight stays int4 with its input columns sorted by group and its
+// activations gathered in the same order before its GEMM (act_order, Linear::in_perm); an
+// expert's too (expert_act_order, PackedExperts::in_perm, its neurons reordered for down):
+// the same products, summed in another order. Where no order makes the groups whole (a TP
+// slice holding part of a group; gate and up in different orders) the loaders dequantise
+// the weight exactly to the compute dtype instead.
 //
 // Every weight key the model loaders read ("<m>.weight") that the checkpoint lacks but
 // whose module has <m>.qweight or <m>.weight_packed is such a weight (is_int4_weight).
@@ -106,10 +107,25 @@ bool int4_exact(const Checkpoint& ck, const TensorRead& r);
 // g_idx, any slice; exact: the product of an f16 / bf16 scale and a 5-bit integer).
 Tensor dequantize(const Checkpoint& ck, const TensorRead& r);
 
+// An act-order expert (GPTQ desc_act) in int4: its gate and up projections' input columns
+// in `hidden` (act_order's, which must be the same for both: GPTQ quantises them on the same
+// inputs) and its intermediate neurons in `inter` (down's act_order). Nothing when some
+// projection has no such order or gate and up differ (the loaders dequantise it then).
+struct ExpertOrders {
+  std::vector<int64_t> hidden;  // [H]: input column of each packed gate / up column
+  std::vector<int64_t> inter;   // [I local]: neuron of each packed gate / up row and down column
+};
+std::optional<ExpertOrders> expert_act_order(const Checkpoint& ck, const TensorRead& gate, const TensorRead& up,
+                                             const TensorRead& down);
+
 // Packs local expert e of w13 (gate rows, then up rows) and w2 (int4, kernel_group(ck))
-// from the reads of its gate, up and down projections.
+// from the reads of its gate, up and down projections. With orders (act-order): gate and up
+// read their columns in orders->hidden, which goes to w13.in_perm[e] (allocated by the
+// caller; grouped_gemm gathers the activations to match), and all three hold the
+// intermediate neurons in orders->inter: gate's and up's rows and down's columns
+// permuted alike, so the MLP computes the same products (its down sums in another order).
 void pack_expert(const Checkpoint& ck, PackedExperts& w13, PackedExperts& w2, int64_t e, const TensorRead& gate,
-                 const TensorRead& up, const TensorRead& down);
+                 const TensorRead& up, const TensorRead& down, const ExpertOrders* orders = nullptr);
 // Packs slot e of a non-gated int4 PackedExperts from read r (a linear layer's weight).
 void pack_matrix(const Checkpoint& ck, PackedExperts& w, int64_t e, const TensorRead& r);
 

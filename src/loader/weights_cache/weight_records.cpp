@@ -1,5 +1,8 @@
 #include "loader/weights_cache/weight_records.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "core/check.h"
 #include "kernels/grouped_gemm_int4.h"
 #include "loader/fp8_weights.h"
@@ -8,7 +11,7 @@ namespace moe {
 
 // A field added to PackedExperts must be added to encode_packed / decode_packed too: this
 // size is the one the fields below account for (x86-64).
-static_assert(sizeof(PackedExperts) == 968, "PackedExperts changed: update the weights cache records");
+static_assert(sizeof(PackedExperts) == 1048, "PackedExperts changed: update the weights cache records");
 
 namespace {
 
@@ -23,6 +26,7 @@ constexpr Field kTensors[] = {
     {"w_zero", &PackedExperts::w_zero},   {"w_offset", &PackedExperts::w_offset},
     {"w_sb_d", &PackedExperts::w_sb_d},   {"w_sb_m", &PackedExperts::w_sb_m},
     {"w_sc", &PackedExperts::w_sc},       {"w_mn", &PackedExperts::w_mn},
+    {"in_perm", &PackedExperts::in_perm},
 };
 
 // The layout the packers allocate for this format with one expert.
@@ -94,6 +98,25 @@ PackedExperts decode_packed(const CacheRecord& r, const std::string& prefix) {
       if (!t.defined()) continue;
       shape = std::string(f.name) == "smooth" ? Shape{p.n_experts, p.k} : Shape{p.n_experts};
       dtype = DType::F32;
+    } else if (std::string(f.name) == "in_perm") {
+      // Act-order group-coded experts: each row a permutation of the k inputs (checked
+      // below: the kernels index activation rows with it).
+      MOE_CHECK(!t.defined() || p.int4_group > 0, "{}in_perm: only group-coded weights have it", prefix);
+      if (!t.defined()) continue;
+      shape = {p.n_experts, p.k};
+      dtype = DType::I32;
+      if (t.dtype() == dtype && t.shape() == shape) {
+        std::vector<uint8_t> seen(static_cast<size_t>(p.k));
+        for (int64_t e = 0; e < p.n_experts; ++e) {
+          std::fill(seen.begin(), seen.end(), 0);
+          for (int64_t j = 0; j < p.k; ++j) {
+            const int32_t v = t.data<int32_t>()[e * p.k + j];
+            MOE_CHECK(v >= 0 && v < p.k && !seen[v], "{}in_perm: expert {} is not a permutation of {} inputs (entry {}: {})",
+                      prefix, e, p.k, j, v);
+            seen[v] = 1;
+          }
+        }
+      }
     } else {
       MOE_CHECK(t.defined() == (w.defined() || std::string(f.name) == "data"), "{}{}: {} where the format has {}",
                 prefix, f.name, t.defined() ? "a tensor" : "none", t.defined() ? "none" : "one");
