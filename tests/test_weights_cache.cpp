@@ -262,6 +262,10 @@ TEST(WeightsCache, PackedRecordsDecodeOnlyTheirFormatsLayout) {
   formats.emplace_back("Q4_K super-blocks", make_packed_experts_coded(2, 64, 512, false, {32, 4, true, 8}));
   formats.emplace_back("Q6_K 8-bit codes", make_packed_experts_coded(2, 64, 256, false, {16, 8, false, 16}));
   formats.emplace_back("Q8_0 f16 scales", make_packed_experts_coded(1, 64, 64, false, {32, 8, false, 1}));
+  PackedExperts act_order = make_packed_experts_int4(2, 64, 64, true, 32);
+  act_order.in_perm = Tensor::empty({2, 64}, DType::I32);
+  for (int64_t i = 0; i < 128; ++i) act_order.in_perm.data<int32_t>()[i] = static_cast<int32_t>((i * 37) % 64);
+  formats.emplace_back("int4 act-order", act_order);
   for (auto& [name, p] : formats) {
     SCOPED_TRACE(name);
     for (Tensor* t : {&p.data, &p.w_scale, &p.w_zero, &p.w_sb_d, &p.w_sc, &p.w_mn})
@@ -280,6 +284,8 @@ TEST(WeightsCache, PackedRecordsDecodeOnlyTheirFormatsLayout) {
     EXPECT_TRUE(same_bytes(q.data, p.data));
     EXPECT_EQ(q.w_zero.defined(), p.w_zero.defined());
     EXPECT_EQ(q.smooth.defined(), p.smooth.defined());
+    EXPECT_EQ(q.in_perm.defined(), p.in_perm.defined());
+    if (p.in_perm.defined()) EXPECT_TRUE(same_bytes(q.in_perm, p.in_perm));
     // Each mutation alone is refused. (Every shape here fills whole 64-column panels, so
     // twice the rows is a different layout; a change inside one panel's padding keeps
     // the layout, and Linear / MoE decoding checks the sizes themselves.)
@@ -298,6 +304,29 @@ TEST(WeightsCache, PackedRecordsDecodeOnlyTheirFormatsLayout) {
       mutate(m);
       if (what == "an extra side tensor" && p.w_mn.defined()) continue;
       EXPECT_THROW(decode_packed(m, "x."), Error) << what;
+    }
+    // An input order only where group codes are, and only a permutation of the k inputs
+    // (the kernels index activation rows with it).
+    auto perm_error = [&](Tensor t) {
+      CacheRecord m = r;
+      m.tensors["x.in_perm"] = t;
+      try {
+        decode_packed(m, "x.");
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    if (p.int4_group == 0) {
+      EXPECT_NE(perm_error(Tensor::zeros({p.n_experts, p.k}, DType::I32)).find("only group-coded"), std::string::npos);
+    } else if (p.in_perm.defined()) {
+      Tensor dup = p.in_perm.clone();
+      dup.data<int32_t>()[5] = dup.data<int32_t>()[6];
+      EXPECT_NE(perm_error(dup).find("expert 0 is not a permutation of 64 inputs (entry 6"), std::string::npos);
+      Tensor out = p.in_perm.clone();
+      out.data<int32_t>()[64 + 3] = 64;
+      EXPECT_NE(perm_error(out).find("expert 1 is not a permutation of 64 inputs (entry 3: 64)"), std::string::npos);
+      EXPECT_NE(perm_error(Tensor::zeros({p.n_experts, p.k + 1}, DType::I32)).find("x.in_perm"), std::string::npos);
     }
   }
 }
