@@ -417,28 +417,34 @@ TEST(HfInt4Loader, ActOrderExpertsStayInt4WithTheirInputsGathered) {
   const int64_t R = off[E];
   std::vector<float> x(R * H);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.61f * static_cast<float>(i)) + 0.05f;
-  Tensor q8 = Tensor::empty({R, q8_row_bytes(H)}, DType::I8);
-  QuantizeRowsParams qp;
-  qp.x = x.data();
-  qp.ldx = H;
-  qp.rows = R;
-  qp.k = H;
-  qp.dst = q8.raw();
-  qp.ld_dst = q8_row_bytes(H);
-  quantize_rows_q8(qp);
-  auto run = [&](bool reference) {
-    Tensor c = Tensor::zeros({R, I}, DType::F32);
+  auto quantize = [&](const float* v, int64_t k) {  // R rows of k values -> Q8 rows
+    Tensor q = Tensor::empty({R, q8_row_bytes(k)}, DType::I8);
+    QuantizeRowsParams qp;
+    qp.x = v;
+    qp.ldx = k;
+    qp.rows = R;
+    qp.k = k;
+    qp.dst = q.raw();
+    qp.ld_dst = q8_row_bytes(k);
+    quantize_rows_q8(qp);
+    return q;
+  };
+  const Tensor q8 = quantize(x.data(), H);
+  // The R rows of Q8 activations a (k inputs) through wt, f32 out [R, n_out].
+  auto gemm = [&](const PackedExperts& wt, const Tensor& a, const int64_t* offsets, Activation act, bool reference) {
+    Tensor c = Tensor::zeros({R, wt.n_out()}, DType::F32);
     GroupedGemmParams p;
-    p.w = &w.w13;
-    p.a = q8.raw();
-    p.lda = q8_row_bytes(H);
-    p.offsets = off.data();
+    p.w = &wt;
+    p.a = a.raw();
+    p.lda = q8_row_bytes(wt.k);
+    p.offsets = offsets;
     p.c = c.raw();
-    p.ldc = I;
-    p.act = Activation::SiluMul;
+    p.ldc = wt.n_out();
+    p.act = act;
     reference ? grouped_gemm_reference(p) : grouped_gemm(p);
     return c;
   };
+  auto run = [&](bool reference) { return gemm(w.w13, q8, off.data(), Activation::SiluMul, reference); };
   const Tensor want = run(true);
   for (Isa isa : test::available_isas()) {
     test::IsaScope scope(isa);
@@ -477,33 +483,8 @@ TEST(HfInt4Loader, ActOrderExpertsStayInt4WithTheirInputsGathered) {
         EXPECT_EQ(u2.data<float>()[k * I + i], dn.data<float>()[k * I + ord.inter[i]]);
       }
     const std::vector<int64_t> one = {0, R};
-    Tensor mid = Tensor::zeros({R, I}, DType::F32), y = Tensor::zeros({R, H}, DType::F32);
-    GroupedGemmParams p;
-    p.w = &p13;
-    p.a = q8.raw();
-    p.lda = q8_row_bytes(H);
-    p.offsets = one.data();
-    p.c = mid.raw();
-    p.ldc = I;
-    p.act = Activation::SiluMul;
-    grouped_gemm(p);
-    Tensor q8m = Tensor::empty({R, q8_row_bytes(I)}, DType::I8);
-    QuantizeRowsParams mq;
-    mq.x = mid.raw();
-    mq.ldx = I;
-    mq.rows = R;
-    mq.k = I;
-    mq.dst = q8m.raw();
-    mq.ld_dst = q8_row_bytes(I);
-    quantize_rows_q8(mq);
-    p.w = &p2;
-    p.a = q8m.raw();
-    p.lda = q8_row_bytes(I);
-    p.c = y.raw();
-    p.ldc = H;
-    p.act = Activation::None;
-    grouped_gemm(p);
-    return y;
+    const Tensor mid = gemm(p13, q8, one.data(), Activation::SiluMul, false);
+    return gemm(p2, quantize(mid.data<float>(), I), one.data(), Activation::None, false);
   };
   const Tensor y_in_order = mlp(*orders), y_reversed = mlp(rev);
   EXPECT_EQ(std::memcmp(y_in_order.raw(), y_reversed.raw(), y_in_order.nbytes()), 0);

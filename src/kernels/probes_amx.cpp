@@ -25,15 +25,25 @@ void configure_full_tiles() {
   _tile_loadconfig(&c);
 }
 
-// The sum of tile 0 (f32) after the chains, so the work is not dead; then the tiles released.
-double finish_f32() {
-  alignas(64) float out[16][16];
+// iters rounds of product() (four tile products into C tiles 0-3 from A tile 4 and B
+// tiles 5-7, loaded from a and b: 16 rows x 64 bytes each); then tile 0's bits summed, so
+// the work is not dead, and the tiles released.
+template <class Product>
+double tile_chain(int64_t iters, const void* a, const void* b, Product product) {
+  gg::compiler_barrier();  // a and b are filled before the tile loads read them
+  configure_full_tiles();
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, b, 64);
+  _tile_loadd(6, b, 64);
+  _tile_loadd(7, b, 64);
+  for (int64_t it = 0; it < iters; ++it) product();
+  alignas(64) int32_t out[16][16];
   _tile_stored(0, out, 64);
   gg::compiler_barrier();
   _tile_release();
   double s = 0;
   for (const auto& row : out)
-    for (float v : row) s += v;
+    for (int32_t v : row) s += v;
   return s;
 }
 
@@ -43,40 +53,24 @@ double bf16_tile_chain(int64_t iters) {
   alignas(64) uint16_t ones[16][32], tiny[16][32];
   for (auto& row : ones) std::fill(row, row + 32, uint16_t{0x3f80});  // 1.0
   for (auto& row : tiny) std::fill(row, row + 32, uint16_t{0x3380});  // 2^-24: no overflow
-  configure_full_tiles();
-  _tile_loadd(4, ones, 64);
-  _tile_loadd(5, tiny, 64);
-  _tile_loadd(6, tiny, 64);
-  _tile_loadd(7, tiny, 64);
-  for (int64_t it = 0; it < iters; ++it) {
+  return tile_chain(iters, ones, tiny, [] {
     _tile_dpbf16ps(0, 4, 5);
     _tile_dpbf16ps(1, 4, 6);
     _tile_dpbf16ps(2, 4, 7);
     _tile_dpbf16ps(3, 4, 5);
-  }
-  return finish_f32();
+  });
 }
 
 double int8_tile_chain(int64_t iters) {
   alignas(64) int8_t a[16][64], b[16][64];
   std::memset(a, 1, sizeof a);
-  std::memset(b, 2, sizeof b);  // 64 x 2 a product: int32 sums wrap only after 2^24 iterations
-  configure_full_tiles();
-  _tile_loadd(4, a, 64);
-  _tile_loadd(5, b, 64);
-  _tile_loadd(6, b, 64);
-  _tile_loadd(7, b, 64);
-  for (int64_t it = 0; it < iters; ++it) {
+  std::memset(b, 2, sizeof b);  // 64 x 2 a product: int32 sums wrap only after 2^24 rounds
+  return tile_chain(iters, a, b, [] {
     _tile_dpbssd(0, 4, 5);
     _tile_dpbssd(1, 4, 6);
     _tile_dpbssd(2, 4, 7);
     _tile_dpbssd(3, 4, 5);
-  }
-  alignas(64) int32_t out[16][16];
-  _tile_stored(0, out, 64);
-  gg::compiler_barrier();
-  _tile_release();
-  return static_cast<double>(out[0][0]);
+  });
 }
 
 }  // namespace moe::probes
