@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <tuple>
 
 #include "core/check.h"
 #include "kernels/grouped_gemm_int4.h"
@@ -398,6 +399,18 @@ TEST(HfInt4Loader, ActOrderExpertsStayInt4WithTheirInputsGathered) {
   for (int64_t e = 0; e < E; ++e)
     for (int64_t j = 0; j < H; ++j)
       ASSERT_EQ(w.w13.in_perm.data<int32_t>()[e * H + j], e == 2 ? orders->hidden[j] : j) << "expert " << e;
+  // A desc_act checkpoint gives every layer and every rank's slice of experts the same
+  // format (EPLB copies experts between ranks' slots): in_perm even where every local
+  // expert's groups are in order (identity).
+  for (const auto& [layer, b, e] : {std::tuple{1, 0, 2}, {1, 2, 4}, {0, 0, 4}}) {
+    MlpLoadOptions eo;
+    eo.expert_begin = b;
+    eo.expert_end = e;
+    const MoeLayerWeights part = load_moe_layer(a, cfg, layer, eo);
+    ASSERT_EQ(part.w13.int4_group, 32) << layer << " " << b;
+    ASSERT_TRUE(part.w13.in_perm.defined()) << layer << " " << b;
+    EXPECT_EQ(part.w13.in_perm.dim(0), e - b);
+  }
   // Unpacked (in input order) every weight is the file's dequantised value, exactly.
   for (int64_t e = 0; e < E; ++e) {
     const std::string m = fmt::format("model.layers.1.mlp.experts.{}.", e);

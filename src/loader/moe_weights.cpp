@@ -14,6 +14,7 @@
 #include "loader/hf_int4/hf_int4.h"
 #include "kernels/quant.h"
 #include "loader/fp8_weights.h"
+#include "loader/quant_config.h"
 #include "loader/quant_weights.h"
 #include "loader/scales.h"
 #include "loader/weights_cache/weight_records.h"
@@ -534,9 +535,11 @@ MoeLayerWeights load_moe_layer_packed(const Checkpoint& ck, const MoeConfig& cfg
   const bool gguf_coded = gguf_f13.has_value();
   // GPTQ / AWQ / compressed-tensors int4 experts stay 4-bit the same way (loader/hf_int4).
   // With an act-order g_idx too: each expert's inputs and neurons reordered so its groups
-  // are whole (hf_orders, one per expert, filled only when some expert needs it). Where
-  // some expert has no such order (or this rank's TP slice cuts a group) the layer's
-  // experts are dequantised exactly, like any float weight.
+  // are whole (hf_orders, one per expert). A GPTQ desc_act checkpoint gets them for every
+  // layer, so every rank holds the same format (EPLB moves experts between ranks' slots);
+  // elsewhere only where some local expert needs them. Where some expert has no such order
+  // (or this rank's TP slice cuts a group) the layer's experts are dequantised exactly,
+  // like any float weight.
   std::vector<std::optional<hf_int4::ExpertOrders>> hf_orders;
   auto hf_int4_ok = [&] {
     bool exact = true;
@@ -545,7 +548,7 @@ MoeLayerWeights load_moe_layer_packed(const Checkpoint& ck, const MoeConfig& cfg
         if (!hf_int4::is_int4_weight(ck, r->key)) return false;
         exact = exact && hf_int4::int4_exact(ck, r->tensor_read());
       }
-    if (exact) return true;
+    if (exact && !parse_quant_config(ck.config()).desc_act) return true;
     hf_orders.resize(static_cast<size_t>(n_local));
     for (int64_t e = 0; e < n_local; ++e) {
       hf_orders[e] = hf_int4::expert_act_order(ck, gate[e]->tensor_read(), up[e]->tensor_read(), down[e]->tensor_read());
