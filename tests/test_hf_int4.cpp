@@ -267,7 +267,7 @@ TEST(HfInt4Loader, LinearsAreExactInt4) {
 
 // A true act-order g_idx (GPTQ desc_act: a group's columns scattered): a linear stays
 // int4 with its input columns sorted by group and its input gathered in that order
-// (Linear::in_perm), values unchanged; where no order makes groups whole (an expert whose
+// (PackedExperts::in_perm), values unchanged; where no order makes groups whole (an expert whose
 // gate and up are in different orders; a TP slice holding part of a group) the weight loads
 // dequantised exactly, each column with the scale and zero point of its g_idx group (an
 // expert: its whole layer's experts); the other weights stay int4.
@@ -314,8 +314,8 @@ TEST(HfInt4Loader, ActOrderGIdxLoadsDequantisedExactly) {
                            size, 0};
     const Linear l = load_linear(a, lr, LinearOptions::keeping_int4(DType::F32));
     ASSERT_EQ(l.w.int4_group, 32);
-    ASSERT_TRUE(l.in_perm.defined());
-    const int32_t* perm = l.in_perm.data<int32_t>();
+    ASSERT_TRUE(l.w.in_perm.defined());
+    const int32_t* perm = l.w.in_perm.data<int32_t>();
     EXPECT_EQ(perm[0], 1);  // group 0: columns 1..31 and 40
     EXPECT_EQ(perm[31], 40);
     EXPECT_EQ(perm[32], 0);  // group 1: columns 0, 32..39, 41..63

@@ -58,7 +58,6 @@ CacheRecord encode_linear(const Linear& l) {
   CacheRecord c;
   encode_packed(c, "w.", l.w);
   c.put("bias", l.bias);
-  c.put("in_perm", l.in_perm);
   return c;
 }
 
@@ -72,15 +71,6 @@ Linear decode_linear(const CacheRecord& c, const LinearRead& r) {
   l.bias = c.tensor("bias");
   MOE_CHECK(!l.bias.defined() || (r.bias && l.bias.dtype() == DType::F32 && l.bias.numel() == l.w.n),
             "bias: {} for a linear of {} outputs{}", l.bias.describe(), l.w.n, r.bias ? "" : " without one");
-  l.in_perm = c.tensor("in_perm");
-  if (l.in_perm.defined()) {
-    MOE_CHECK(l.in_perm.dtype() == DType::I32 && l.in_perm.numel() == l.w.k, "in_perm: {} for {} inputs",
-              l.in_perm.describe(), l.w.k);
-    for (int64_t j = 0; j < l.w.k; ++j) {
-      const int32_t v = l.in_perm.data<int32_t>()[j];
-      MOE_CHECK(v >= 0 && v < l.w.k, "in_perm[{}] = {}, outside [0, {})", j, v, l.w.k);
-    }
-  }
   return l;
 }
 
@@ -112,9 +102,9 @@ Linear load_linear_packed(const Checkpoint& ck, const LinearRead& r, const Linea
       const hf_int4::Int4Slice s = hf_int4::read_slice(ck, r.weight, order ? &*order : nullptr);
       l.w = make_packed_experts_int4(1, s.u.dim(0), s.u.dim(1), /*gated=*/false, hf_int4::kernel_group(ck));
       pack_expert_q4(l.w, 0, s.u, s.zero, s.scale);
-      if (order) {
-        l.in_perm = Tensor::empty({static_cast<int64_t>(order->size())}, DType::I32);
-        for (size_t j = 0; j < order->size(); ++j) l.in_perm.data<int32_t>()[j] = static_cast<int32_t>((*order)[j]);
+      if (order) {  // grouped_gemm gathers the Q8 input rows in this order
+        l.w.in_perm = Tensor::empty({1, static_cast<int64_t>(order->size())}, DType::I32);
+        for (size_t j = 0; j < order->size(); ++j) l.w.in_perm.data<int32_t>()[j] = static_cast<int32_t>((*order)[j]);
       }
       l.bias = bias;
     } else {
@@ -159,15 +149,6 @@ void linear_forward(const Linear& l, const float* x, int64_t T, float* y, Linear
   const int64_t K = l.n_in(), N = l.n_out();
   if (ldx == 0) ldx = K;
   if (ldy == 0) ldy = N;
-  if (l.in_perm.defined()) {  // act-order int4: the input in the weight's column order
-    if (!s.x.defined() || s.x.numel() < T * K) s.x = Tensor::empty({T * K}, DType::F32);
-    const int32_t* p = l.in_perm.data<int32_t>();
-    float* xp = s.x.data<float>();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < K; ++j) xp[t * K + j] = x[t * ldx + p[j]];
-    x = xp;
-    ldx = K;
-  }
   const void* a = x;
   int64_t lda = ldx;
   if (l.w.dtype == DType::I8) {

@@ -70,9 +70,8 @@ struct Linear {
   // dequantised inside the GEMM; loader/fp8_weights.h).
   PackedExperts w;
   Tensor bias;      // f32 [out_local], or undefined
-  // I32 [in_local]: column j of w reads input column in_perm[j] (an act-order GPTQ weight
-  // held in int4 with its columns sorted by group: loader/hf_int4/hf_int4.h), or undefined.
-  Tensor in_perm;
+  // (An act-order GPTQ weight held in int4 with its columns sorted by group has its input
+  // order in w.in_perm: grouped_gemm gathers the quantised input rows to match.)
   int64_t n_out() const { return w.n; }
   int64_t n_in() const { return w.k; }
 };
@@ -116,7 +115,6 @@ Linear make_linear(const Tensor& w, const LinearOptions& o, const Tensor& bias =
 // Grows-only scratch for the bf16 copy (or the Q8 rows) of a projection's input. Not thread-safe.
 struct LinearScratch {
   Tensor a;
-  Tensor x;  // the input gathered in in_perm's order
 };
 // y[T, out] f32 = x[T, in] f32 . W^T (+ bias). ldx/ldy: elements between rows (0: dense).
 void linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s, int64_t ldx = 0,

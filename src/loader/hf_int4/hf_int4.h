@@ -36,8 +36,8 @@
 // act-order g_idx (columns of one group scattered) needs each weight's input columns and
 // its activations permuted: read_slice without an order is an error naming the tensor. A
 // linear layer's act-order weight stays int4 with its input columns sorted by group and its
-// activations gathered in the same order before its GEMM (act_order, Linear::in_perm); an
-// expert's too (expert_act_order, PackedExperts::in_perm, its neurons reordered for down):
+// activations gathered in the same order inside its GEMM (act_order, PackedExperts::in_perm);
+// an expert's too (expert_act_order, its neurons reordered for down):
 // the same products, summed in another order. Where no order makes the groups whole (a TP
 // slice holding part of a group; gate and up in different orders) the loaders dequantise
 // the weight exactly to the compute dtype instead.
@@ -94,7 +94,7 @@ Int4Slice read_slice(const Checkpoint& ck, const TensorRead& r, const std::vecto
 // For a weight that is not int4_exact: an order of its slice's columns (a stable sort by
 // g_idx group) in which every kernel group holds columns of one file group, so the
 // weight is int4 once its input columns, and the activations it reads, are permuted so
-// (a linear layer: Linear::in_perm). Nothing when no order does (a slice holding part of
+// (PackedExperts::in_perm). Nothing when no order does (a slice holding part of
 // a group whose size the kernel group does not divide).
 std::optional<std::vector<int64_t>> act_order(const Checkpoint& ck, const TensorRead& r);
 
