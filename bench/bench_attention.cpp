@@ -56,6 +56,7 @@ KvCache make_cache(const AttnShape& s, int64_t n) {
   ks.a_dim = ks.b_dim = s.kv * s.hd;
   ks.dtype = s.dtype;
   ks.a_tiled = true;  // as the model keeps GQA's K
+  ks.b_heads = s.kv;  // and its V
   KvCache c(ks);
   std::vector<float> row(ks.a_dim);
   uint32_t x = 12345;

@@ -30,6 +30,7 @@ struct RunOpts {
   bool paged = false;      // 8-position blocks handed out shuffled (gathered K tiles)
   DType kv_dtype = DType::F32;
   bool tiled = true;       // K plane position-minor in its blocks, as the model keeps it
+  bool head_major = true;  // V plane a run per KV head in its blocks, as the model keeps it
 };
 
 // softmax(q k^T scale) v for every token and head, computed as torch does it in T
@@ -75,6 +76,7 @@ std::vector<float> run_case(const Case& c, uint64_t seed, RunOpts ro = {}) {
   ks.block_size = paged ? 8 : 16;
   ks.dtype = kv_dtype;
   ks.a_tiled = ro.tiled;
+  ks.b_heads = ro.head_major ? c.n_kv : 1;
   if (paged) ks.n_blocks = n_slots * ks.blocks_per_slot() + 3;  // a few spare blocks
   KvCache cache(ks);
   if (paged) {
@@ -121,7 +123,8 @@ std::vector<float> run_case(const Case& c, uint64_t seed, RunOpts ro = {}) {
       gqa_attend(a);
       EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)), 0)
           << "heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " isa " << isa_name(active_isa())
-          << " cache " << dtype_name(kv_dtype) << " schedule " << static_cast<int>(sched) << " tiled " << ro.tiled;
+          << " cache " << dtype_name(kv_dtype) << " schedule " << static_cast<int>(sched) << " tiled " << ro.tiled
+          << " head-major V " << ro.head_major;
     }
   // The same function as softmax attention, and no less accurate in f32 than computing
   // it the plain way (as torch does): the chunks and folds only regroup the sums.
@@ -188,14 +191,27 @@ TEST(AttentionKernels, LongContextsBitwiseEqualToThePlainLoop) {
   }
 }
 
-// An untiled K plane (rows, as MLA keeps its planes) gives the same bits as the tiled one.
-TEST(AttentionKernels, UntiledKPlaneGivesTheSameBits) {
-  RunOpts tiled, rows;
-  rows.tiled = false;
-  for (const Case& c : {Case{8, 2, 24, {{0, 9}, {3, 1}, {60, 1}}}, Case{32, 4, 128, {{300, 1}, {0, 20}}, 400}}) {
-    const std::vector<float> x = run_case(c, 8, tiled), y = run_case(c, 8, rows);
-    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0);
-  }
+// Untiled K and row-major V planes (rows, as MLA keeps its planes), alone or together,
+// give the same bits as the model's layout, dense and paged, f32 and bf16.
+TEST(AttentionKernels, PlaneLayoutsGiveTheSameBits) {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (bool paged : {false, true})
+      for (const Case& c :
+           {Case{8, 2, 24, {{0, 9}, {3, 1}, {60, 1}}}, Case{32, 4, 128, {{300, 1}, {0, 20}}, 400}}) {
+        RunOpts model;
+        model.kv_dtype = dt;
+        model.paged = paged;
+        const std::vector<float> x = run_case(c, 8, model);
+        for (int layout = 1; layout < 4; ++layout) {
+          RunOpts o = model;
+          o.tiled = layout & 1 ? false : true;
+          o.head_major = layout & 2 ? false : true;
+          const std::vector<float> y = run_case(c, 8, o);
+          EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0)
+              << "tiled " << o.tiled << " head-major " << o.head_major << " paged " << paged << " "
+              << dtype_name(dt);
+        }
+      }
 }
 
 TEST(AttentionKernels, Bf16CacheBitwiseEqualToThePlainLoop) {

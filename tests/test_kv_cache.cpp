@@ -282,5 +282,67 @@ TEST_P(KvCacheBf16Model, DecodeEqualsRecomputeBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, KvCacheBf16Model, ::testing::ValuesIn(test::model_fixtures()), fixture_name);
 
+// Head-major V (GQA's layout): rows read back as they went in, dense and paged, and one
+// KV head's values of a block are one contiguous run, positions b_pos_stride() apart.
+TEST(KvCacheLayout, HeadMajorPlaneBReadsBackAndKeepsEachHeadsBlockContiguous) {
+  for (bool paged : {false, true})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      KvCacheShape ks;
+      ks.n_layers = 2;
+      ks.n_slots = 2;
+      ks.max_seq = 40;
+      ks.a_dim = ks.b_dim = 12;
+      ks.block_size = 8;
+      ks.b_heads = 3;
+      ks.dtype = dt;
+      if (paged) ks.n_blocks = 12;
+      KvCache c(ks);
+      if (paged) {
+        c.set_blocks(0, {7, 2, 9, 0, 4});
+        c.set_blocks(1, {1, 11, 3, 8, 5});
+      }
+      auto val = [](int64_t slot, int64_t pos, int64_t i) { return static_cast<float>(slot * 1000 + pos * 16 + i); };
+      std::vector<float> row(12);
+      for (int64_t s = 0; s < 2; ++s)
+        for (int64_t p = 0; p < 40; ++p) {
+          for (int64_t i = 0; i < 12; ++i) row[i] = val(s, p, i);
+          c.put_b(1, s, p, row.data());
+        }
+      std::vector<float> buf(12), want(12);
+      for (int64_t s = 0; s < 2; ++s)
+        for (int64_t p = 0; p < 40; ++p) {
+          for (int64_t i = 0; i < 12; ++i) want[i] = dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(val(s, p, i))) : val(s, p, i);
+          const float* r = c.row_b(1, s, p, buf.data());
+          for (int64_t i = 0; i < 12; ++i) ASSERT_EQ(r[i], want[i]) << s << " " << p << " " << i;
+          for (int64_t h = 0; h < 3; ++h) {
+            const char* base = nullptr;
+            const char* at = nullptr;
+            if (dt == DType::F32) {
+              const float* hp = c.b_head<float>(1, s, p, h, 4);
+              for (int64_t i = 0; i < 4; ++i) ASSERT_EQ(hp[i], want[h * 4 + i]);
+              at = reinterpret_cast<const char*>(hp);
+              base = reinterpret_cast<const char*>(c.b_head<float>(1, s, p - p % 8, h, 4));
+            } else {
+              const uint16_t* hp = c.b_head<uint16_t>(1, s, p, h, 4);
+              for (int64_t i = 0; i < 4; ++i) ASSERT_EQ(bf16_to_f32(hp[i]), want[h * 4 + i]);
+              at = reinterpret_cast<const char*>(hp);
+              base = reinterpret_cast<const char*>(c.b_head<uint16_t>(1, s, p - p % 8, h, 4));
+            }
+            EXPECT_EQ(at - base, (p % 8) * c.b_pos_stride() * static_cast<int64_t>(dtype_size(dt)));
+          }
+        }
+      EXPECT_EQ(c.b_pos_stride(), 4);
+      // Layer 0 was never written.
+      const float* z = c.row_b(0, 1, 39, buf.data());
+      for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(z[i], 0.f);
+    }
+  KvCacheShape bad;
+  bad.n_layers = 1;
+  bad.max_seq = 4;
+  bad.a_dim = bad.b_dim = 10;
+  bad.b_heads = 3;
+  EXPECT_NE(error_of([&] { KvCache c(bad); }).find("10 values in 3 heads"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace moe

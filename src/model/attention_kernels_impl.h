@@ -114,6 +114,24 @@ struct Scratch {
   std::vector<const void*> vrows;  // [kChunk]: the chunk's V rows
 };
 
+// The chunk's max score, as the reference's chain m = std::max(m, row[j]) from row[0]
+// gives it, in 16 lanes: a lane takes x only when x > its value, so a NaN never enters
+// unless row[0] is one (then every lane keeps it, as the chain does). Ties of +0 and -0
+// may pick the other zero than the chain; every use of m is exp_neg of a difference with
+// it, and exp_neg(+0) = exp_neg(-0) = 1, so the results keep their bits. (The scalar
+// chain was a 4-cycle vmaxss per key and head: 10 % of a decode step at 4096.)
+inline float chunk_max(const float* row, int64_t jn) {
+  v16 mv;
+  for (int i = 0; i < kLanes; ++i) mv[i] = row[0];
+  for (int64_t j0 = 0; j0 < jn; j0 += kLanes) {  // row holds kChunk floats: j0 + 16 stays inside
+    const v16 x = load(row + j0);
+    mv = (kIota < static_cast<int32_t>(jn - j0)) & (x > mv) ? x : mv;
+  }
+  float m = mv[0];
+  for (int i = 1; i < kLanes; ++i) m = mv[i] > m ? mv[i] : m;
+  return m;
+}
+
 // Scores of NG heads (q rows hd apart) against 16 keys: column d of the keys at
 // kt + d * kstride. out[g * ldo + lane] = scale * sum_d q_g[d] k_lane[d], d in order,
 // one fused multiply-add per term.
@@ -163,15 +181,45 @@ inline void v_heads(const float* p, int64_t jn, const void* const* vrows, int64_
   for (int g = 0; g < NG; ++g) store(oc + g * hd, acc[g]);
 }
 
-// v_heads over two vectors of dims at once: [off, off + 16) into oc, [off + 16, off + 32)
-// into oc + 16.
+// 32 stored values as two vectors. f32: [0, 16) and [16, 32). bf16: the even-indexed
+// values and the odd ones, each widened exactly from one 64-byte load by a shift or a
+// mask (2 vector operations where two widening loads took 4, next to 16 multiply-adds),
+// so a bf16 cache's V sums hold their 32 dims permuted (see stored_dim).
+inline void load_kv32(const float* p, v16& v0, v16& v1) {
+  v0 = load(p);
+  v1 = load(p + kLanes);
+}
+inline void load_kv32(const uint16_t* p, v16& v0, v16& v1) {
+  vi16 w;
+  std::memcpy(&w, p, sizeof w);
+  const vi16 even = w << 16, odd = w & static_cast<int32_t>(0xFFFF0000u);
+  std::memcpy(&v0, &even, sizeof v0);
+  std::memcpy(&v1, &odd, sizeof v1);
+}
+// Where dim d of a V sum (and of the states folded from it) is kept: v_heads2 over a
+// bf16 cache keeps each group of 32 dims as its 16 even dims, then its 16 odd ones; every
+// other dim (and every dim of an f32 cache, or of a build without v_heads2) in place.
+// The fold is element-wise, so only the final division reads through this map.
+template <class E>
+inline int64_t stored_dim(int64_t d, int64_t hd) {
+  if constexpr (kHeads2 > 0 && std::is_same_v<E, uint16_t>) {
+    if (d < hd / (2 * kLanes) * (2 * kLanes)) {
+      const int64_t r = d % (2 * kLanes);
+      return d - r + (r & 1) * kLanes + r / 2;
+    }
+  }
+  return d;
+}
+
+// v_heads over two vectors of dims at once: the 32 dims [off, off + 32) into oc[0, 32)
+// as load_kv32 orders them.
 template <int NG, class E>
 inline void v_heads2(const float* p, int64_t jn, const void* const* vrows, int64_t off, float* oc, int64_t hd) {
   v16 a0[NG], a1[NG];
   for (int g = 0; g < NG; ++g) a0[g] = a1[g] = v16{};
   for (int64_t j = 0; j < jn; ++j) {
-    const E* row = static_cast<const E*>(vrows[j]) + off;
-    const v16 v0 = load_kv(row), v1 = load_kv(row + kLanes);
+    v16 v0, v1;
+    load_kv32(static_cast<const E*>(vrows[j]) + off, v0, v1);
     for (int g = 0; g < NG; ++g) {
       const float pj = p[g * kChunk + j];
       a0[g] = attn_math::fmadd(pj, v0, a0[g]);
@@ -336,8 +384,7 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
         const int64_t jn = std::min(c1, pos[t] + 1) - c0;  // keys of this token in the chunk
         for (int64_t g = 0; g < G; ++g) {
           float* row = sc + (t * G + g) * kChunk;
-          float m = row[0];
-          for (int64_t j = 1; j < jn; ++j) m = std::max(m, row[j]);
+          const float m = chunk_max(row, jn);
           v16 lsum = v16{};
           for (int64_t j0 = 0; j0 < jn; j0 += kLanes) {
             v16 p = exp_neg(load(row + j0) - m);
@@ -350,7 +397,13 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
           s.cm[g] = m;
           s.cl[g] = attn_math::lane_sum(lanes);
         }
-        for (int64_t j = 0; j < jn; ++j) s.vrows[j] = cache.b_row<E>(a.layer, sp.slot, c0 + j) + kvh * hd;
+        // One table lookup per block, not per key (it divides by the block size).
+        for (int64_t j = 0; j < jn;) {
+          const E* v = cache.b_head<E>(a.layer, sp.slot, c0 + j, kvh, hd);
+          const int64_t run = std::min(jn - j, B - (c0 + j) % B), vs = cache.b_pos_stride();
+          for (int64_t i = 0; i < run; ++i) s.vrows[j + i] = v + i * vs;
+          j += run;
+        }
         const float* p = sc + t * G * kChunk;
         int64_t d0 = 0;
         if constexpr (kHeads2 > 0)
@@ -382,7 +435,7 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
     } else {
       const int64_t t = r / G, g = r % G;
       float* o = a.ctx + (it.t0 + t) * ldq + (kvh * G + g) * hd;
-      for (int64_t d = 0; d < hd; ++d) o[d] = R.o[d] / R.l;
+      for (int64_t d = 0; d < hd; ++d) o[d] = R.o[stored_dim<E>(d, hd)] / R.l;
     }
   }
 }
@@ -460,7 +513,10 @@ inline void gqa_attend(const GqaAttendArgs& a) {
       }
       const int64_t t = r / G, g = r % G;
       float* out = a.ctx + (m.t0 + t) * ldq + (m.kvh * G + g) * hd;
-      for (int64_t d = 0; d < hd; ++d) out[d] = R.o[d] / R.l;
+      if (bf16)
+        for (int64_t d = 0; d < hd; ++d) out[d] = R.o[stored_dim<uint16_t>(d, hd)] / R.l;
+      else
+        for (int64_t d = 0; d < hd; ++d) out[d] = R.o[d] / R.l;
     }
   }
 }

@@ -21,6 +21,12 @@
 // position p sits at c * block_size + p % block_size, so the attention kernel reads 16
 // consecutive positions of one column as one vector load instead of transposing every
 // key it scores (model/attention_kernels.h).
+// Plane B may be head-major (KvCacheShape::b_heads > 1, GQA's V): inside a block, the
+// b_dim / b_heads values of head h at position p sit at (h * block_size + p % block_size)
+// * (b_dim / b_heads), so one KV head's V rows of a block are one contiguous run (4 KiB
+// for 16 positions of head_dim 128 in bf16) that the hardware prefetchers stream, where
+// row-major V gave the attention kernel 256 bytes out of every 1 KiB (Qwen3-30B-A3B: 4
+// KV heads) and left it waiting on memory.
 // Not thread-safe for table changes; concurrent writes to distinct (slot, pos) are fine.
 #pragma once
 
@@ -50,6 +56,9 @@ struct KvCacheShape {
   // Plane A stored position-minor inside each block (GQA's K; see the header comment).
   // The same bytes, another order: only the readers' addressing changes.
   bool a_tiled = false;
+  // Plane B stored head-major inside each block in b_heads runs (GQA's V: its local KV
+  // heads; see the header comment). 1: rows. The same bytes, another order.
+  int64_t b_heads = 1;
   bool paged() const { return n_blocks > 0; }
   int64_t blocks_per_slot() const { return (max_seq + block_size - 1) / block_size; }
   int64_t total_blocks() const { return paged() ? n_blocks : n_slots * blocks_per_slot(); }
@@ -78,6 +87,8 @@ class KvCache {
   KvCache() = default;
   explicit KvCache(const KvCacheShape& s) : s_(s) {
     MOE_CHECK(s.block_size >= 1 && s.n_slots >= 1 && s.max_seq >= 1, "internal: bad KV cache shape");
+    MOE_CHECK(s.b_heads >= 1 && s.b_dim % s.b_heads == 0, "internal: KV plane B of {} values in {} heads", s.b_dim,
+              s.b_heads);
     MOE_CHECK(s.dtype == DType::F32 || s.dtype == DType::BF16, "KV cache dtype {} is not supported (f32 or bf16)",
               dtype_name(s.dtype));
     const int64_t nb = s.total_blocks();
@@ -120,7 +131,10 @@ class KvCache {
     if (s_.a_tiled) put_tiled(a_[layer], s_.a_dim, slot, pos, src);
     else put(a_[layer], s_.a_dim, slot, pos, src);
   }
-  void put_b(int64_t layer, int64_t slot, int64_t pos, const float* src) { put(b_[layer], s_.b_dim, slot, pos, src); }
+  void put_b(int64_t layer, int64_t slot, int64_t pos, const float* src) {
+    if (s_.b_heads > 1) put_heads(b_[layer], slot, pos, src);
+    else put(b_[layer], s_.b_dim, slot, pos, src);
+  }
   // The row at (slot, pos) as f32: the stored row itself for an f32 cache, else widened
   // into buf (a_dim / b_dim floats) and buf returned.
   const float* row_a(int64_t layer, int64_t slot, int64_t pos, float* buf) const {
@@ -128,6 +142,7 @@ class KvCache {
     return get(a_[layer], s_.a_dim, slot, pos, buf);
   }
   const float* row_b(int64_t layer, int64_t slot, int64_t pos, float* buf) const {
+    if (s_.b_heads > 1) return get_heads(b_[layer], slot, pos, buf);
     return get(b_[layer], s_.b_dim, slot, pos, buf);
   }
   // The stored row itself, for kernels that widen as they read: E is float (F32) or
@@ -139,9 +154,21 @@ class KvCache {
   }
   template <class E>
   const E* b_row(int64_t layer, int64_t slot, int64_t pos) const {
-    MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype));
+    MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype) && s_.b_heads == 1);
     return static_cast<const E*>(b_[layer].raw()) + row(slot, pos) * s_.b_dim;
   }
+  // Head h's `width` values of (slot, pos) in plane B, raw, for either layout (rows:
+  // the h-th run of that width in the row; head-major: width must be b_dim / b_heads).
+  // The next position of the same block is b_pos_stride() elements further.
+  template <class E>
+  const E* b_head(int64_t layer, int64_t slot, int64_t pos, int64_t h, int64_t width) const {
+    MOE_DCHECK(sizeof(E) == dtype_size(s_.dtype));
+    const E* base = static_cast<const E*>(b_[layer].raw());
+    if (s_.b_heads == 1) return base + row(slot, pos) * s_.b_dim + h * width;
+    MOE_DCHECK(width == s_.b_dim / s_.b_heads && h >= 0 && h < s_.b_heads);
+    return base + head_base(slot, pos, h);
+  }
+  int64_t b_pos_stride() const { return s_.b_heads > 1 ? s_.b_dim / s_.b_heads : s_.b_dim; }
   // Tiled plane A: the element (pos, column c) is a_block(...)[c * block_size()], i.e.
   // the pointer is to column 0 of pos inside its block.
   template <class E>
@@ -182,6 +209,30 @@ class KvCache {
       for (int64_t i = 0; i < dim; ++i) buf[i] = static_cast<const float*>(t.raw())[base + i * B];
     else
       for (int64_t i = 0; i < dim; ++i) buf[i] = bf16_to_f32(static_cast<const uint16_t*>(t.raw())[base + i * B]);
+    return buf;
+  }
+  // Head-major plane: head h of (slot, pos) at (block * b_heads + h) * B * w + (pos % B) * w.
+  int64_t head_base(int64_t slot, int64_t pos, int64_t h) const {
+    const int64_t B = s_.block_size, w = s_.b_dim / s_.b_heads;
+    return ((static_cast<int64_t>(tables_[slot][pos / B]) * s_.b_heads + h) * B + pos % B) * w;
+  }
+  void put_heads(Tensor& t, int64_t slot, int64_t pos, const float* src) {
+    const int64_t w = s_.b_dim / s_.b_heads;
+    for (int64_t h = 0; h < s_.b_heads; ++h) {
+      const int64_t base = head_base(slot, pos, h);
+      if (s_.dtype == DType::F32) std::copy(src + h * w, src + (h + 1) * w, static_cast<float*>(t.raw()) + base);
+      else
+        for (int64_t i = 0; i < w; ++i) static_cast<uint16_t*>(t.raw())[base + i] = f32_to_bf16(src[h * w + i]);
+    }
+  }
+  const float* get_heads(const Tensor& t, int64_t slot, int64_t pos, float* buf) const {
+    const int64_t w = s_.b_dim / s_.b_heads;
+    for (int64_t h = 0; h < s_.b_heads; ++h) {
+      const int64_t base = head_base(slot, pos, h);
+      for (int64_t i = 0; i < w; ++i)
+        buf[h * w + i] = s_.dtype == DType::F32 ? static_cast<const float*>(t.raw())[base + i]
+                                                : bf16_to_f32(static_cast<const uint16_t*>(t.raw())[base + i]);
+    }
     return buf;
   }
   int64_t row(int64_t slot, int64_t pos) const {

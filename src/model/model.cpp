@@ -367,6 +367,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   ks.block_size = opt.kv_block_size;
   ks.dtype = opt.kv_cache_dtype;
   ks.a_tiled = !mla;  // GQA's K, read 16 positions per vector load by gqa_attend
+  if (!mla) ks.b_heads = kv_heads_per_rank(c.n_kv_heads, attn);  // GQA's V, a run per KV head and block
   MOE_CHECK(ks.block_size >= 1 && ks.block_size <= 4096, "KV block size {} out of range [1, 4096]", ks.block_size);
   if (opt.paged_kv) {
     const uint64_t per_block = KvCacheShape::bytes_per_block(c.n_layers, ks.block_size, a_dim, b_dim, ks.dtype);
