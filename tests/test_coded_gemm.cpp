@@ -404,6 +404,36 @@ TEST(CodedGemm, BadInputsNameTheProblem) {
   CodedWeight z = random_weight(8, 64, {16, 8, false}, rng);
   z.scale.data<float>()[0] = INFINITY;
   expect_error([&] { pack_expert_coded(g8, 0, z); }, "scale 0 of expert 0 is inf");
+  // The last code of a nibble-packed expert (the word-at-a-time path), and zero points:
+  // out of range, or not the one code uniform-zero experts hold.
+  CodedWeight c4 = random_weight(8, 64, {32, 4, false}, rng);
+  PackedExperts p4 = make_packed_experts_coded(1, 8, 64, false, {32, 4, false});
+  c4.u.data<uint8_t>()[8 * 64 - 1] = 200;
+  expect_error([&] { pack_expert_coded(p4, 0, c4); }, "code 511 of expert 0 is 200");
+  c4.u.data<uint8_t>()[8 * 64 - 1] = 15;
+  c4.zero.data<uint8_t>()[5] = 16;
+  expect_error([&] { pack_expert_coded(p4, 0, c4); }, "zero point 5 of expert 0 is 16");
+  CodedFormat uf{32, 4, false};
+  uf.zero = 8;
+  PackedExperts pu = make_packed_experts_coded(1, 8, 64, false, uf);
+  CodedWeight cu = random_weight(8, 64, uf, rng);
+  pack_expert_coded(pu, 0, cu);  // every zero point 8: accepted
+  cu.zero.data<uint8_t>()[15] = 7;
+  expect_error([&] { pack_expert_coded(pu, 0, cu); }, "zero point 15 of expert 0 is 7, these experts hold 8");
+  // K-quant super-block scales and mins must be finite f16 values (exponent all ones: not).
+  for (const bool mins : {false, true}) {
+    const CodedFormat kf{16, 6, mins, 16};
+    PackedExperts pk = make_packed_experts_coded(1, 8, 256, false, kf);
+    CodedWeight ck = random_weight(8, 256, kf, rng);
+    pack_expert_coded(pk, 0, ck);
+    Tensor& t = mins ? ck.sb_m : ck.sb_d;
+    t.data<uint16_t>()[6] = 0x7e00;  // f16 NaN
+    expect_error([&] { pack_expert_coded(pk, 0, ck); },
+                 std::string("super-block ") + (mins ? "min" : "scale") + " 6 of expert 0 is nan");
+    t.data<uint16_t>()[6] = 0xfc00;  // f16 -inf
+    expect_error([&] { pack_expert_coded(pk, 0, ck); },
+                 std::string("super-block ") + (mins ? "min" : "scale") + " 6 of expert 0 is -inf");
+  }
 }
 
 }  // namespace

@@ -140,13 +140,26 @@ void pack_coded_rows(PackedExperts& p, int64_t e, const uint8_t* u, const uint8_
       if (row < 0) continue;
       const uint8_t* ur = u + row * K;
       if (g8) {
-        for (int64_t k = 0; k < K; ++k) dst[g8_byte(k, j)] = ur[k];
+        // A quad's 4 codes of column j are 4 consecutive bytes (g8_byte).
+        int64_t k = 0;
+        for (; k + 4 <= K; k += 4) std::memcpy(dst + g8_byte(k, j), ur + k, 4);
+        for (; k < K; ++k) dst[g8_byte(k, j)] = ur[k];
       } else if (g6) {
         for (int64_t k = 0; k < K; ++k) g6_set(dst + (k / 4) * kG6QuadBytes, j, static_cast<int>(k & 3), ur[k]);
       } else {
         // Whole bytes: byte i of octet o holds k = 8o + i (low nibble) and 8o + 4 + i (high),
         // both of this column, so nothing else shares it (k >= K: nibble 0, the padding).
-        for (int64_t o = 0, n_oct = i4_octets(K); o < n_oct; ++o)
+        // Whole octets a word at a time: bytes i = 0..3 of column j are consecutive
+        // (i4_byte), their low nibbles codes 8o + i, their high ones 8o + 4 + i.
+        int64_t o = 0;
+        for (; 8 * o + 8 <= K; ++o) {
+          uint32_t lo, hi;
+          std::memcpy(&lo, ur + 8 * o, 4);
+          std::memcpy(&hi, ur + 8 * o + 4, 4);
+          const uint32_t b = (lo & 0x0f0f0f0fu) | (hi & 0x0f0f0f0fu) << 4;
+          std::memcpy(dst + i4_byte(8 * o, j), &b, 4);
+        }
+        for (const int64_t n_oct = i4_octets(K); o < n_oct; ++o)
           for (int i = 0; i < 4; ++i) {
             const int64_t k0 = 8 * o + i, k1 = k0 + 4;
             const int lo = k0 < K ? ur[k0] & 0x0f : 0, hi = k1 < K ? ur[k1] & 0x0f : 0;
@@ -414,15 +427,30 @@ void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w) {
   const Tensor uc = dense(w.u);
   const int limit = 1 << p.code_bits;
   const uint8_t* up = uc.data<uint8_t>();
-  for (int64_t i = 0, n = uc.numel(); i < n; ++i)
-    MOE_CHECK(up[i] < limit, "pack_expert_coded: code {} of expert {} is {} (must be in [0, {}))", i, e, int(up[i]),
-              limit);
+  // The checks scan every code: a branch-free max first (it vectorises), the offending
+  // index looked for only when there is one.
+  auto max_of = [](const uint8_t* v, int64_t n) {
+    uint8_t m = 0;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, v[i]);
+    return m;
+  };
+  if (max_of(up, uc.numel()) >= limit)
+    for (int64_t i = 0, n = uc.numel(); i < n; ++i)
+      MOE_CHECK(up[i] < limit, "pack_expert_coded: code {} of expert {} is {} (must be in [0, {}))", i, e, int(up[i]),
+                limit);
   Tensor zc;
   if (!off) {
     check(w.zero, DType::U8, ng, "zero points");
     zc = dense(w.zero);
     const uint8_t* zp = zc.data<uint8_t>();
-    for (int64_t i = 0, n = zc.numel(); i < n; ++i) {
+    const int64_t nz = zc.numel();
+    uint8_t zmin = 255, zmax = 0;
+    for (int64_t i = 0; i < nz; ++i) {
+      zmin = std::min(zmin, zp[i]);
+      zmax = std::max(zmax, zp[i]);
+    }
+    const bool fine = nz == 0 || (zmax < limit && (p.uniform_zero < 0 || (zmin == p.uniform_zero && zmax == p.uniform_zero)));
+    for (int64_t i = 0; !fine && i < nz; ++i) {
       MOE_CHECK(zp[i] < limit, "pack_expert_coded: zero point {} of expert {} is {} (must be in [0, {}))", i, e,
                 int(zp[i]), limit);
       MOE_CHECK(p.uniform_zero < 0 || zp[i] == p.uniform_zero,
@@ -442,9 +470,10 @@ void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w) {
     const Tensor d = dense(w.sb_d), m = dense(w.sb_m), sc = dense(w.sc), mn = dense(w.mn);
     for (const Tensor* t : {&d, &m}) {
       if (!t->defined()) continue;
-      for (int64_t i = 0, n = t->numel(); i < n; ++i)
-        MOE_CHECK(std::isfinite(f16_to_f32(t->data<uint16_t>()[i])), "pack_expert_coded: super-block {} {} of expert "
-                  "{} is {} (must be finite)", t == &d ? "scale" : "min", i, e, f16_to_f32(t->data<uint16_t>()[i]));
+      const uint16_t* h = t->data<uint16_t>();
+      for (int64_t i = 0, n = t->numel(); i < n; ++i)  // f16 exponent all ones: inf or NaN
+        MOE_CHECK((h[i] & 0x7c00) != 0x7c00, "pack_expert_coded: super-block {} {} of expert {} is {} (must be finite)",
+                  t == &d ? "scale" : "min", i, e, f16_to_f32(h[i]));
     }
     gg::pack_coded_rows(p, e, up, zp, nullptr, nullptr);
     gg::pack_sb_rows(p, e, d.data<uint16_t>(), off ? m.data<uint16_t>() : nullptr,

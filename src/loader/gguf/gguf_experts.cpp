@@ -89,11 +89,13 @@ CodedWeight read_coded(const Checkpoint& ck, const TensorRead& r, const CodedFor
     CodedWeight w = read_coded(ck, r, plain);
     auto to_f16 = [&](Tensor& t, const char* what) {
       Tensor h = Tensor::empty(t.shape(), DType::F16);
-      for (int64_t i = 0; i < t.numel(); ++i) {
-        const float v = t.data<float>()[i];
-        h.data<uint16_t>()[i] = f32_to_f16(v);
-        MOE_CHECK(f16_to_f32(h.data<uint16_t>()[i]) == v, "tensor '{}' in {}: {} {} of group {} is not an f16 value",
-                  r.key, ck.file_of(r.key), what, v, i);
+      const float* src = t.data<float>();
+      uint16_t* dst = h.data<uint16_t>();
+      for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+        const float v = src[i];
+        dst[i] = f32_to_f16(v);
+        MOE_CHECK(f16_to_f32(dst[i]) == v, "tensor '{}' in {}: {} {} of group {} is not an f16 value", r.key,
+                  ck.file_of(r.key), what, v, i);
       }
       t = Tensor();
       return h;
