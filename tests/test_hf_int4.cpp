@@ -14,6 +14,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <numeric>
+#include <random>
 #include <tuple>
 
 #include "core/check.h"
@@ -503,6 +505,120 @@ TEST(HfInt4Loader, ActOrderExpertsStayInt4WithTheirInputsGathered) {
   EXPECT_EQ(std::memcmp(y_in_order.raw(), y_reversed.raw(), y_in_order.nbytes()), 0);
 
   // The whole model runs with it, near its dequantised twin (int8 activations' rounding).
+  auto qm = load(d.path(), DType::F32, true), fm = load(d.path(), DType::F32, false);
+  EXPECT_GE(test::worst_logit_cosine(prefill_logits(*qm, kPrompts), prefill_logits(*fm, kPrompts), kPrompts),
+            kInt4Cosine);
+}
+
+// A GPTQ v1 linear [n, k] of random codes (zero point 8: the fixture is symmetric) and f16
+// scales whose group of input column c is g_idx[c], packed as GPTQModel lays it out
+// (tools/gen_hf_int4_fixtures.py numpy_gptq_v1: qweight [k/8, n] along k, qzeros [G, n/8]
+// along n minus 0x11111111, scales [G, n]): what a desc_act checkpoint holds.
+void add_gptq_linear(test::Tensors& ts, const std::string& m, int64_t n, int64_t k, const std::vector<int32_t>& g_idx,
+                     std::mt19937& rng) {
+  const int64_t G = k / 32;
+  Tensor qw = Tensor::zeros({k / 8, n}, DType::I32), qz = Tensor::empty({G, n / 8}, DType::I32);
+  Tensor sc = Tensor::empty({G, n}, DType::F16), gi = Tensor::empty({k}, DType::I32);
+  for (int64_t c = 0; c < k; ++c)
+    for (int64_t r = 0; r < n; ++r) {
+      const uint32_t q = rng() % 16;
+      reinterpret_cast<uint32_t*>(qw.data<int32_t>())[(c / 8) * n + r] |= q << (4 * (c % 8));
+    }
+  for (int64_t i = 0; i < qz.numel(); ++i) qz.data<int32_t>()[i] = static_cast<int32_t>(0x88888888u - 0x11111111u);
+  std::uniform_real_distribution<float> s(0.004f, 0.012f);
+  for (int64_t i = 0; i < sc.numel(); ++i) sc.data<uint16_t>()[i] = f32_to_f16(s(rng));
+  std::copy(g_idx.begin(), g_idx.end(), gi.data<int32_t>());
+  ts.emplace_back(m + ".qweight", qw);
+  ts.emplace_back(m + ".qzeros", qz);
+  ts.emplace_back(m + ".scales", sc);
+  ts.emplace_back(m + ".g_idx", gi);
+}
+
+// An act order over k columns in groups of 32: a random permutation's first 32 columns are
+// group 0, the next 32 group 1, ... (GPTQ's desc_act: columns quantised by descending
+// activation, g_idx = position in that order / group size).
+std::vector<int32_t> random_act_order(int64_t k, std::mt19937& rng) {
+  std::vector<int32_t> perm(k), g(k);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int64_t i = 0; i < k; ++i) g[perm[i]] = static_cast<int32_t>(i / 32);
+  return g;
+}
+
+// A desc_act checkpoint in which every MLP weight has a scattered act order: a dense
+// layer 0 (mlp_only_layers; intermediate 128) and layer 1's experts with I = 64, i.e. two
+// groups over the intermediate neurons, so down's order moves neurons between groups (the
+// fixtures' I = 32 is one group). Both stay int4: inputs gathered by in_perm, neurons
+// reordered alike in gate, up and down; each unpacked weight is the file's dequantised
+// value exactly, and the model runs near its dequantised twin.
+TEST(HfInt4Loader, ActOrderDenseLayerAndTwoGroupNeuronsStayInt4) {
+  constexpr int64_t kI = 64, kDense = 128;
+  test::TempDir d;
+  std::mt19937 rng(7);
+  test::mutate_fixture(
+      "hf_int4/gptq_sym_g32", d.path(),
+      [&](test::Tensors& ts) {
+        std::erase_if(ts, [](const auto& t) {
+          return t.first.starts_with("model.layers.0.mlp.") || t.first.starts_with("model.layers.1.mlp.experts.");
+        });
+        const int64_t H = 64, E = 4;
+        const std::vector<int32_t> dense_in = random_act_order(H, rng);
+        add_gptq_linear(ts, "model.layers.0.mlp.gate_proj", kDense, H, dense_in, rng);
+        add_gptq_linear(ts, "model.layers.0.mlp.up_proj", kDense, H, dense_in, rng);
+        add_gptq_linear(ts, "model.layers.0.mlp.down_proj", H, kDense, random_act_order(kDense, rng), rng);
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string m = fmt::format("model.layers.1.mlp.experts.{}.", e);
+          const std::vector<int32_t> in = random_act_order(H, rng);  // gate and up: one order
+          add_gptq_linear(ts, m + "gate_proj", kI, H, in, rng);
+          add_gptq_linear(ts, m + "up_proj", kI, H, in, rng);
+          add_gptq_linear(ts, m + "down_proj", H, kI, random_act_order(kI, rng), rng);
+        }
+      },
+      [&](json& c) {
+        c["quantization_config"]["desc_act"] = true;
+        c["mlp_only_layers"] = json::array({0});
+        c["moe_intermediate_size"] = kI;
+        c["intermediate_size"] = kDense;
+      });
+  const Checkpoint a = Checkpoint::open(d.path());
+  const MoeConfig cfg = MoeConfig::from_hf(a.config());
+  const int64_t H = cfg.hidden_size;
+  auto rd = [](const std::string& m, int64_t n, int64_t k) {
+    return TensorRead{m + ".weight", {n, k}, ShardRule::replicated(), 0, 1, -1};
+  };
+  // gate/up rows and down columns of expert (or MLP) e in its neuron order, inputs in
+  // the file's column order: the dequantised weights, bit for bit.
+  auto check = [&](const PackedExperts& w13, const PackedExperts& w2, int64_t e, const std::string& m, int64_t I) {
+    const TensorRead g = rd(m + "gate_proj", I, H), u = rd(m + "up_proj", I, H), dn = rd(m + "down_proj", H, I);
+    const auto ord = hf_int4::expert_act_order(a, g, u, dn);
+    ASSERT_TRUE(ord.has_value()) << m;
+    // Down's two (or four) groups each gather scattered neurons: the order is no identity,
+    // and it takes down's groups whole (neurons sorted by their group).
+    bool moved = false;
+    const Tensor dg = a.view(m + "down_proj.g_idx");
+    for (int64_t i = 0; i < I; ++i) {
+      moved = moved || ord->inter[i] != i;
+      ASSERT_EQ(dg.data<int32_t>()[ord->inter[i]], i / 32) << m << " neuron " << i;
+    }
+    EXPECT_TRUE(moved) << m;
+    ASSERT_EQ(w13.int4_group, 32) << m;
+    ASSERT_EQ(w2.int4_group, 32) << m;
+    ASSERT_TRUE(w13.in_perm.defined()) << m;
+    for (int64_t j = 0; j < H; ++j) ASSERT_EQ(w13.in_perm.data<int32_t>()[e * H + j], ord->hidden[j]) << m;
+    const Tensor gw = hf_int4::dequantize(a, g), uw = hf_int4::dequantize(a, u), dw = hf_int4::dequantize(a, dn);
+    const Tensor u13 = unpack_expert(w13, e), u2 = unpack_expert(w2, e);
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t k = 0; k < H; ++k) {
+        ASSERT_EQ(u13.data<float>()[i * H + k], gw.data<float>()[ord->inter[i] * H + k]) << m << " gate " << i;
+        ASSERT_EQ(u13.data<float>()[(I + i) * H + k], uw.data<float>()[ord->inter[i] * H + k]) << m << " up " << i;
+        ASSERT_EQ(u2.data<float>()[k * I + i], dw.data<float>()[k * I + ord->inter[i]]) << m << " down " << i;
+      }
+  };
+  MlpLoadOptions o;
+  const GatedMlpWeights dense = load_dense_mlp(a, cfg, 0, o);
+  check(dense.w13, dense.w2, 0, "model.layers.0.mlp.", kDense);
+  const MoeLayerWeights moe = load_moe_layer(a, cfg, 1, o);
+  for (int64_t e = 0; e < cfg.n_experts; ++e) check(moe.w13, moe.w2, e, fmt::format("model.layers.1.mlp.experts.{}.", e), kI);
   auto qm = load(d.path(), DType::F32, true), fm = load(d.path(), DType::F32, false);
   EXPECT_GE(test::worst_logit_cosine(prefill_logits(*qm, kPrompts), prefill_logits(*fm, kPrompts), kPrompts),
             kInt4Cosine);
