@@ -140,6 +140,18 @@ TEST(BadInput, LayerOutOfRangeAndBadFlags) {
     EXPECT_NE(log.find(flag), std::string::npos) << flag;
 }
 
+// generate --prefill-chunk: a negative chunk is refused by name; 1 (a token per step)
+// still generates.
+TEST(BadInput, GeneratePrefillChunk) {
+  const std::string base = std::string(MOE_EP_BINARY) + " generate --model " + test::fixtures_dir() +
+                           "/qwen3_moe --prompt-ids 1,2,3,4 --max-new-tokens 2 --quiet";
+  std::string log;
+  EXPECT_NE(test::run_command(base + " --prefill-chunk -3", &log), 0);
+  EXPECT_NE(log.find("--prefill-chunk must be 0 (whole prompts) or a positive token count, got -3"), std::string::npos)
+      << log;
+  EXPECT_EQ(test::run_command(base + " --prefill-chunk 1", &log), 0) << log;
+}
+
 // --isa and MOE_ISA above this CPU stop the run with the reason, instead of running a
 // lower level; a level the CPU has runs.
 TEST(BadInput, IsaAboveTheCpuFails) {

@@ -259,5 +259,93 @@ TEST(ModelPrepare, PrefillAndDecodeShareAStep) {
   EXPECT_EQ(prepare_step({&a}, true).logit_rows, (std::vector<int64_t>{0, 1, 2}));
 }
 
+// A token budget cuts the step: sequences in order, a prompt split where the budget ends
+// (no logits row until a step reaches its last token), the sequences past it left out;
+// commit_step caches exactly what the step took.
+TEST(ModelPrepare, TokenBudgetChunksPromptsInOrder) {
+  Sequence a, b, c;
+  a.tokens = {5, 6, 7, 8, 9};
+  a.n_prompt = 5;
+  b.slot = 1;
+  b.tokens = {1, 2};
+  b.n_prompt = 2;
+  c.slot = 2;
+  c.tokens = {4, 3};
+  c.n_prompt = 1;
+  c.n_cached = 1;  // decoding
+  const std::vector<Sequence*> all = {&a, &b, &c};
+  StepBatch s = prepare_step(all, false, 3);
+  EXPECT_EQ(s.tokens, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(s.positions, (std::vector<int32_t>{0, 1, 2}));
+  ASSERT_EQ(s.seqs.size(), 1u);
+  EXPECT_TRUE(s.logit_rows.empty());
+  EXPECT_EQ(a.n_step, 3);
+  EXPECT_EQ(b.n_step, 0);
+  EXPECT_EQ(c.n_step, 0);
+  EXPECT_FALSE(step_reaches_end(a));
+  commit_step(all);
+  EXPECT_EQ(a.n_cached, 3);
+  EXPECT_EQ(b.n_cached, 0);
+  EXPECT_EQ(c.n_cached, 1);
+  s = prepare_step(all, false, 3);  // a's last 2 tokens, then 1 of b's 2
+  EXPECT_EQ(s.tokens, (std::vector<int32_t>{8, 9, 1}));
+  EXPECT_EQ(s.positions, (std::vector<int32_t>{3, 4, 0}));
+  ASSERT_EQ(s.seqs.size(), 2u);
+  EXPECT_EQ(s.seqs[0].start_pos, 3);
+  EXPECT_EQ(s.seqs[1].first, 2);
+  EXPECT_EQ(s.logit_rows, (std::vector<int64_t>{1}));  // a's last token only
+  EXPECT_TRUE(step_reaches_end(a));
+  EXPECT_FALSE(step_reaches_end(b));
+  commit_step(all);
+  const std::vector<Sequence*> rest = {&b, &c};  // a now waits for its sampled token
+  s = prepare_step(rest, false, 3);
+  EXPECT_EQ(s.tokens, (std::vector<int32_t>{2, 3}));  // b's last, c's decode token
+  EXPECT_EQ(s.logit_rows, (std::vector<int64_t>{0, 1}));
+  commit_step(rest);
+  EXPECT_EQ(a.n_cached, 5);
+  EXPECT_EQ(b.n_cached, 2);
+  EXPECT_EQ(c.n_cached, 2);
+  // all_logits: a row per token, chunked or not.
+  Sequence d;
+  d.tokens = {1, 2, 3};
+  d.n_prompt = 3;
+  EXPECT_EQ(prepare_step({&d}, true, 2).logit_rows, (std::vector<int64_t>{0, 1}));
+}
+
+// Chunked prefill gives the same tokens and the same logits, bit for bit, whatever the
+// chunk (one token, a prime that cuts every prompt unevenly, more than any prompt): three
+// prompts of different lengths, so chunks end mid-prompt and decodes share steps with
+// another prompt's chunks. Prefill is counted once per prompt token.
+TEST(ModelGenerate, ChunkedPrefillGivesTheSameTokensAndLogits) {
+  for (const ModelFixture& f : test::model_fixtures()) {
+    if (f.name != "qwen3_moe" && f.name != "deepseek_v2") continue;
+    const std::vector<std::vector<int32_t>> prompts = {{3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2}, {38, 4, 6},
+                                                       {2, 71, 8, 28, 18, 28, 45, 9}};
+    GenerateOptions go;
+    go.max_new_tokens = 5;
+    go.ignore_eos = true;
+    go.keep_logits = true;
+    auto whole_m = test::load_model(f.dir, DType::F32, 3, 32);
+    const GenerateResult whole = generate(*whole_m, prompts, go);
+    EXPECT_EQ(whole.prefill_tokens, 24);
+    for (int64_t chunk : {1, 5, 64}) {
+      SCOPED_TRACE(f.name + " chunk " + std::to_string(chunk));
+      auto m = test::load_model(f.dir, DType::F32, 3, 32);
+      go.prefill_chunk = chunk;
+      const GenerateResult r = generate(*m, prompts, go);
+      EXPECT_EQ(r.tokens, whole.tokens);
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        ASSERT_EQ(r.step_logits[i].size(), whole.step_logits[i].size());
+        EXPECT_EQ(std::memcmp(r.step_logits[i].data(), whole.step_logits[i].data(),
+                              whole.step_logits[i].size() * sizeof(float)),
+                  0)
+            << "prompt " << i;
+      }
+      if (chunk >= 24) EXPECT_EQ(r.prefill_tokens, 24);
+      EXPECT_GE(r.prefill_tokens, 24);  // mixed steps also count their decode tokens
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moe

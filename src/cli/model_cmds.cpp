@@ -74,6 +74,7 @@ int run_forward(const CommonOpts& o, const std::string& out_path, bool quiet) {
 
 struct GenOpts {
   int64_t max_new_tokens = 16;
+  int64_t prefill_chunk = kDefaultPrefillChunk;
   double temperature = 0, top_p = 1.0;
   int64_t top_k = 0;
   uint64_t seed = 0;
@@ -114,6 +115,9 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
   go.sampling.top_p = g.top_p;
   go.sampling.seed = g.seed;
   go.ignore_eos = g.ignore_eos;
+  go.prefill_chunk = g.prefill_chunk;
+  MOE_CHECK(g.prefill_chunk >= 0, "--prefill-chunk must be 0 (whole prompts) or a positive token count, got {}",
+            g.prefill_chunk);
   MOE_CHECK(g.max_new_tokens >= 1, "--max-new-tokens must be at least 1, got {}", g.max_new_tokens);
   MOE_CHECK(g.top_p > 0 && g.top_p <= 1, "--top-p must be in (0, 1], got {}", g.top_p);
   MOE_CHECK(g.text_mode() != !o.prompt_ids.empty(),
@@ -282,6 +286,11 @@ std::vector<Verb> add_model_verbs(CLI::App& app) {
         "--max-new-tokens; prints the new ids of each prompt and a summary (prefill and decode tokens/s, expert "
         "load spread)");
     add_common(gc, *o);
+    gc->add_option("--prefill-chunk", g->prefill_chunk,
+                   "Most prompt tokens per forward step: a longer prompt is prefilled in chunks, so the activations "
+                   "held are those of the chunk, not of the whole prompt; the same tokens and logits either way. 0: "
+                   "every prompt in one step")
+        ->capture_default_str();
     gc->add_option("--max-new-tokens", g->max_new_tokens, "Tokens to generate per prompt (fewer on EOS)")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();

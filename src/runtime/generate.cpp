@@ -115,13 +115,23 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
       res.steps = step;
       break;
     }
-    StepBatch b = prepare_step(run, false);
+    // A step with prompt tokens in it is prefill (chunks of a long prompt, with the
+    // decodes of sequences already past theirs); the rest are decode steps.
+    bool prefill = false;
+    for (const Sequence* s : run) prefill = prefill || s->n_cached < s->n_prompt;
+    StepBatch b = prepare_step(run, false, opt.prefill_chunk);
+    // The sequences whose step reaches their last token: a logits row each, sampled.
+    // (A sequence in the middle of its prompt gets none.)
+    std::vector<Sequence*> emit;
+    for (Sequence* s : run)
+      if (step_reaches_end(*s)) emit.push_back(s);
     // Only the sampler reads these logits (unless they are kept): under a
     // vocabulary-parallel lm_head the ranks then send their best few, not their slices.
     if (!opt.keep_logits) b.logit_top_k.assign(b.logit_rows.size(), gathered_top_k(opt.sampling, V - Vs));
     const double t0 = now_s();
-    const Tensor logits = m.forward(b);  // [run.size(), V]
+    const Tensor logits = m.forward(b);  // [emit.size(), V]
     commit_step(run);
+    run = std::move(emit);
     std::vector<int32_t> picked(run.size());
     for (size_t i = 0; i < run.size(); ++i) {
       const float* lg = logits.data<float>() + i * V;
@@ -143,9 +153,9 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
         s.done = true;
     }
     const double dt = now_s() - t0;
-    if (step == 0) {
-      res.prefill_s = dt;
-      res.prefill_tokens = b.n_tokens();
+    if (prefill) {
+      res.prefill_s += dt;
+      res.prefill_tokens += b.n_tokens();
     } else {
       res.decode_s += dt;
       res.decode_tokens += b.n_tokens();

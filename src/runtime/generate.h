@@ -20,11 +20,22 @@
 
 namespace moe {
 
+// The CLI's default prefill chunk (generate, chat). Measured on the 4-layer
+// Qwen3-30B-A3B-shaped checkpoint with a 4096-token prompt (docs/PERF.md, seventh
+// session): a chunk of 2048 held 1.0 GB of activations instead of 2.0 GB but made bf16
+// prefill 4-8 % slower (each chunk streams every expert's weights once), so prompts up to
+// 4096 tokens run whole; a 32768-token prompt held ~22 GB of activations whole.
+inline constexpr int64_t kDefaultPrefillChunk = 4096;
+
 struct GenerateOptions {
   int64_t max_new_tokens = 16;
   SamplingParams sampling;
   bool ignore_eos = false;  // run to max_new_tokens even after EOS
   bool keep_logits = false;  // record each step's logits of this rank's requests (tests)
+  // > 0: a step takes at most this many tokens, so a long prompt is prefilled in chunks
+  // over several steps (activation memory bounded by the chunk, not the prompt; the same
+  // tokens and logits). 0: every prompt whole in the first step.
+  int64_t prefill_chunk = 0;
   // More ids that end a request, beside the config's eos_token_id (e.g. the tokenizer's
   // end-of-turn token).
   std::vector<int64_t> extra_eos;

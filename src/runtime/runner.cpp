@@ -1,34 +1,44 @@
 #include "runtime/runner.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "core/check.h"
 
 namespace moe {
 
-StepBatch prepare_step(const std::vector<Sequence*>& seqs, bool all_logits) {
+StepBatch prepare_step(const std::vector<Sequence*>& seqs, bool all_logits, int64_t max_tokens) {
   StepBatch b;
   for (Sequence* s : seqs) {
     const int64_t total = static_cast<int64_t>(s->tokens.size());
     MOE_CHECK(s->n_cached < total, "internal: sequence {} has no uncached token", s->id);
+    s->n_step = total - s->n_cached;
+    if (max_tokens > 0) s->n_step = std::min(s->n_step, max_tokens - b.n_tokens());
+    if (s->n_step <= 0) {
+      s->n_step = 0;
+      continue;
+    }
     SeqSpan sp;
     sp.slot = s->slot;
     sp.first = b.n_tokens();
-    sp.n = total - s->n_cached;
+    sp.n = s->n_step;
     sp.start_pos = s->n_cached;
-    for (int64_t p = s->n_cached; p < total; ++p) {
+    for (int64_t p = s->n_cached; p < s->n_cached + s->n_step; ++p) {
       b.tokens.push_back(s->tokens[p]);
       b.positions.push_back(static_cast<int32_t>(p));
       if (all_logits) b.logit_rows.push_back(b.n_tokens() - 1);
     }
-    if (!all_logits) b.logit_rows.push_back(b.n_tokens() - 1);
+    if (!all_logits && step_reaches_end(*s)) b.logit_rows.push_back(b.n_tokens() - 1);
     b.seqs.push_back(sp);
   }
   return b;
 }
 
 void commit_step(const std::vector<Sequence*>& seqs) {
-  for (Sequence* s : seqs) s->n_cached = static_cast<int64_t>(s->tokens.size());
+  for (Sequence* s : seqs) {
+    s->n_cached += s->n_step;
+    s->n_step = 0;
+  }
 }
 
 std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& text) {

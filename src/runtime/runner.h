@@ -5,6 +5,10 @@
 // sequences that run in the step and lays out their uncached tokens: a sequence
 // that has nothing cached contributes its whole prompt (prefill), one with the
 // prompt cached contributes its newest token (decode); both kinds may share a step.
+// With a token budget a long prompt is cut into chunks over several steps (chunked
+// prefill: the activations of a step are bounded by the budget, not the prompt); the
+// result is the same bits, since attention and the MoE GEMMs do not depend on how the
+// positions are batched (model/attention_kernels.h, kernels/grouped_gemm.h).
 #pragma once
 
 #include <cstdint>
@@ -22,13 +26,20 @@ struct Sequence {
   std::vector<int32_t> tokens;  // prompt, then generated tokens
   int64_t n_prompt = 0;
   int64_t n_cached = 0;         // positions already written to the cache
+  int64_t n_step = 0;           // tokens the prepared step takes (prepare_step), cached by commit_step
   bool done = false;
   int64_t n_generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
 };
 
 // all_logits: logits for every new token (the `forward` verb); else for the last
-// token of each sequence (generation).
-StepBatch prepare_step(const std::vector<Sequence*>& seqs, bool all_logits);
+// token of each sequence whose step reaches it (generation). max_tokens > 0: the step
+// takes at most that many tokens, the sequences' in order (a sequence the budget does not
+// reach takes none; every step takes at least one token).
+StepBatch prepare_step(const std::vector<Sequence*>& seqs, bool all_logits, int64_t max_tokens = 0);
+// True when the prepared step takes the sequence's last token (its logits row exists).
+inline bool step_reaches_end(const Sequence& s) {
+  return s.n_step > 0 && s.n_cached + s.n_step == static_cast<int64_t>(s.tokens.size());
+}
 // Marks the step's tokens as cached.
 void commit_step(const std::vector<Sequence*>& seqs);
 
