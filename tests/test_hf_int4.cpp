@@ -618,7 +618,8 @@ TEST(HfInt4Loader, ActOrderDenseLayerAndTwoGroupNeuronsStayInt4) {
   const GatedMlpWeights dense = load_dense_mlp(a, cfg, 0, o);
   check(dense.w13, dense.w2, 0, "model.layers.0.mlp.", kDense);
   const MoeLayerWeights moe = load_moe_layer(a, cfg, 1, o);
-  for (int64_t e = 0; e < cfg.n_experts; ++e) check(moe.w13, moe.w2, e, fmt::format("model.layers.1.mlp.experts.{}.", e), kI);
+  for (int64_t e = 0; e < cfg.n_experts; ++e)
+    check(moe.w13, moe.w2, e, fmt::format("model.layers.1.mlp.experts.{}.", e), kI);
   auto qm = load(d.path(), DType::F32, true), fm = load(d.path(), DType::F32, false);
   EXPECT_GE(test::worst_logit_cosine(prefill_logits(*qm, kPrompts), prefill_logits(*fm, kPrompts), kPrompts),
             kInt4Cosine);

@@ -311,7 +311,8 @@ TEST(KvCacheLayout, HeadMajorPlaneBReadsBackAndKeepsEachHeadsBlockContiguous) {
       std::vector<float> buf(12), want(12);
       for (int64_t s = 0; s < 2; ++s)
         for (int64_t p = 0; p < 40; ++p) {
-          for (int64_t i = 0; i < 12; ++i) want[i] = dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(val(s, p, i))) : val(s, p, i);
+          for (int64_t i = 0; i < 12; ++i)
+            want[i] = dt == DType::BF16 ? bf16_to_f32(f32_to_bf16(val(s, p, i))) : val(s, p, i);
           const float* r = c.row_b(1, s, p, buf.data());
           for (int64_t i = 0; i < 12; ++i) ASSERT_EQ(r[i], want[i]) << s << " " << p << " " << i;
           for (int64_t h = 0; h < 3; ++h) {

@@ -449,7 +449,8 @@ void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w) {
       zmin = std::min(zmin, zp[i]);
       zmax = std::max(zmax, zp[i]);
     }
-    const bool fine = nz == 0 || (zmax < limit && (p.uniform_zero < 0 || (zmin == p.uniform_zero && zmax == p.uniform_zero)));
+    const bool uniform_ok = p.uniform_zero < 0 || (zmin == p.uniform_zero && zmax == p.uniform_zero);
+    const bool fine = nz == 0 || (zmax < limit && uniform_ok);
     for (int64_t i = 0; !fine && i < nz; ++i) {
       MOE_CHECK(zp[i] < limit, "pack_expert_coded: zero point {} of expert {} is {} (must be in [0, {}))", i, e,
                 int(zp[i]), limit);

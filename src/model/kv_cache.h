@@ -135,8 +135,8 @@ class KvCache {
     if (s_.b_heads > 1) put_heads(b_[layer], slot, pos, src);
     else put(b_[layer], s_.b_dim, slot, pos, src);
   }
-  // The row at (slot, pos) as f32: the stored row itself for an f32 cache, else widened
-  // into buf (a_dim / b_dim floats) and buf returned.
+  // The row at (slot, pos) as f32: the stored row itself for an f32 cache whose plane
+  // holds rows, else widened or gathered into buf (a_dim / b_dim floats) and buf returned.
   const float* row_a(int64_t layer, int64_t slot, int64_t pos, float* buf) const {
     if (s_.a_tiled) return get_tiled(a_[layer], s_.a_dim, slot, pos, buf);
     return get(a_[layer], s_.a_dim, slot, pos, buf);
