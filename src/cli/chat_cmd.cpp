@@ -100,7 +100,7 @@ int run_chat(const ChatOpts& o) {
   Model& m = *L.model;
   GenerateOptions go;
   go.max_new_tokens = o.max_new_tokens;
-  go.prefill_chunk = kDefaultPrefillChunk;  // a long pasted conversation: bounded activations
+  go.prefill_chunk = kDefaultPrefillChunk;  // a long conversation: bounded activations, a fast first reply
   go.sampling.temperature = o.temperature;
   go.sampling.top_k = o.top_k;
   go.sampling.top_p = o.top_p;

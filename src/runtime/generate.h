@@ -20,13 +20,14 @@
 
 namespace moe {
 
-// The CLI's default prefill chunk (generate, chat). Measured on the 4-layer
-// Qwen3-30B-A3B-shaped checkpoint with a 4096-token prompt (docs/PERF.md, seventh
-// session): a chunk of 2048 held 1.0 GB of activations instead of 2.0 GB but made bf16
-// prefill 4-8 % slower (each chunk streams every expert's weights once), so prompts up to
-// 4096 tokens run whole; a 16384-token Q4_0 prompt peaked at 10.0 GB whole and at 3.7 GB
-// in chunks of 4096 (its first prefill 27 % faster: fewer fresh pages to fault in).
-inline constexpr int64_t kDefaultPrefillChunk = 4096;
+// The CLI's default prefill chunk (generate, chat), as serve's --max-batch-tokens and
+// llama.cpp's -b. Measured on the 4-layer Qwen3-30B-A3B-shaped checkpoint with a
+// 4096-token prompt (docs/PERF.md, seventh session): in a process's first forward (every
+// `generate` run) chunks of 2048 prefilled 1.5-1.6x faster than the whole prompt (bf16
+// 921-925 against 570-610 tokens/s, Q4_0 874 against 566: the whole prompt's 1 GB more of
+// fresh activation pages cost the kernel 6-20 s of system time); warm, they cost bf16 4-8 %
+// (each chunk streams every expert's weights once) and Q4_0 nothing. Peak RSS 1.0 GB lower.
+inline constexpr int64_t kDefaultPrefillChunk = 2048;
 
 struct GenerateOptions {
   int64_t max_new_tokens = 16;
