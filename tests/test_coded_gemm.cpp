@@ -372,6 +372,58 @@ TEST(CodedGemm, PackRoundTripAndExpertCopies) {
   }
 }
 
+// Rows [r0, r1) of every tensor of w, copied.
+CodedWeight row_range(const CodedWeight& w, int64_t r0, int64_t r1) {
+  CodedWeight v;
+  for (auto [dst, src] : {std::pair{&v.u, &w.u}, {&v.scale, &w.scale}, {&v.zero, &w.zero}, {&v.offset, &w.offset},
+                          {&v.sb_d, &w.sb_d}, {&v.sb_m, &w.sb_m}, {&v.sc, &w.sc}, {&v.mn, &w.mn}})
+    if (src->defined()) *dst = src->slice_rows(r0, r1).clone();
+  return v;
+}
+
+// A loader packs a large weight a few rows at a time (gguf_experts.cpp): every split of
+// the rows, gated (gate and up rows in the same panel) or not, with a short last piece,
+// gives the bytes of packing it whole: codes, scales, zero points, offsets and factors.
+TEST(CodedGemm, PackingInRowPiecesGivesTheWholePacksBytes) {
+  for (const Case& c : kCases) {
+    std::vector<CodedWeight> kept;
+    const PackedExperts whole = make(c, &kept, 13);
+    PackedExperts pieces = make_packed_experts_coded(c.E, c.N, c.K, c.gated, c.f);
+    for (int64_t e = 0; e < c.E; ++e)
+      for (int64_t r0 = 0, step = 1 + e * 7; r0 < c.N; r0 += step, step = step * 3 % 37 + 1)
+        pack_expert_coded(pieces, e, row_range(kept[e], r0, std::min(c.N, r0 + step)), r0);
+    for (const auto& [x, y] : {std::pair{&pieces.data, &whole.data}, {&pieces.w_scale, &whole.w_scale},
+                               {&pieces.w_zero, &whole.w_zero}, {&pieces.w_offset, &whole.w_offset},
+                               {&pieces.w_sb_d, &whole.w_sb_d}, {&pieces.w_sb_m, &whole.w_sb_m},
+                               {&pieces.w_sc, &whole.w_sc}, {&pieces.w_mn, &whole.w_mn}}) {
+      ASSERT_EQ(x->defined(), y->defined()) << name(c);
+      if (x->defined()) {
+        ASSERT_EQ(0, std::memcmp(x->raw(), y->raw(), y->nbytes())) << name(c);
+      }
+    }
+  }
+  // Errors name the index in the whole expert, and rows outside it are refused.
+  std::mt19937 rng(5);
+  const CodedFormat f{32, 4, true};
+  PackedExperts p = make_packed_experts_coded(1, 8, 64, false, f);
+  CodedWeight w = random_weight(3, 64, f, rng);
+  w.u.data<uint8_t>()[70] = 16;
+  try {
+    pack_expert_coded(p, 0, w, 4);
+    FAIL() << "a code of 16 in 4 bits was packed";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("code 326 of expert 0 is 16"), std::string::npos) << err.what();
+  }
+  w.u.data<uint8_t>()[70] = 1;
+  try {
+    pack_expert_coded(p, 0, w, 6);
+    FAIL() << "rows 6..8 of an 8-row expert were packed";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("rows [6, 9) of expert 0 are outside its 8 rows"), std::string::npos)
+        << err.what();
+  }
+}
+
 TEST(CodedGemm, BadInputsNameTheProblem) {
   auto expect_error = [](auto&& fn, const std::string& what) {
     try {

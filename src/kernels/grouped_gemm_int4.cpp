@@ -123,22 +123,35 @@ namespace gg {
 
 namespace {
 
-// Writes expert e from codes u [n, k], scales and zero points or offsets [n, n_groups]
-// (the one of zero / offset the format does not use is null).
+// The panel and column that hold logical row `row` of W (panel_col_to_row's inverse).
+struct PanelCol {
+  int64_t P;
+  int j;
+};
+PanelCol row_to_panel_col(const PackedExperts& p, int64_t row) {
+  if (p.gated) {
+    const int64_t half = p.n / 2, c = row < half ? row : row - half;
+    return {c / kGateCols, static_cast<int>(c % kGateCols) + (row < half ? 0 : kGateCols)};
+  }
+  return {row / kPanel, static_cast<int>(row % kPanel)};
+}
+
+// Writes rows [row0, row0 + rows) of expert e from their codes u [rows, k], scales and
+// zero points or offsets [rows, n_groups] (the one of zero / offset the format does not
+// use is null). Padding columns are never written: they keep the allocation's zeros.
 void pack_coded_rows(PackedExperts& p, int64_t e, const uint8_t* u, const uint8_t* zero, const float* offset,
-                     const float* scale) {
+                     const float* scale, int64_t row0, int64_t rows) {
   const bool g8 = p.code_bits == 8, g6 = p.code_bits == 6;
   const int64_t np = n_panels(p.n, p.gated), pb = coded_panel_bytes(p.code_bits, p.k), K = p.k;
   const int64_t ng = int4_n_groups(K, p.int4_group), cols = np * ng * kPanel;
   float* ws = scale ? p.w_scale.data<float>() + e * cols : nullptr;
   uint8_t* wz = zero ? p.w_zero.data<uint8_t>() + e * cols : nullptr;
   float* wo = offset ? p.w_offset.data<float>() + e * cols : nullptr;
-  for (int64_t P = 0; P < np; ++P) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto [P, j] = row_to_panel_col(p, row0 + r);
     uint8_t* dst = static_cast<uint8_t*>(p.data.raw()) + e * p.expert_stride + P * pb;
-    for (int j = 0; j < kPanel; ++j) {
-      const int64_t row = panel_col_to_row(p, P, j);
-      if (row < 0) continue;
-      const uint8_t* ur = u + row * K;
+    {
+      const uint8_t* ur = u + r * K;
       if (g8) {
         // A quad's 4 codes of column j are 4 consecutive bytes (g8_byte).
         int64_t k = 0;
@@ -166,36 +179,36 @@ void pack_coded_rows(PackedExperts& p, int64_t e, const uint8_t* u, const uint8_
             dst[i4_byte(k0, j)] = static_cast<uint8_t>(lo | hi << 4);
           }
       }
+      const int64_t gr = r * ng;  // this row's first group in the inputs
       for (int64_t G = 0; G < ng; ++G) {
         const int64_t at = (P * ng + G) * kPanel + j;
-        if (ws) ws[at] = scale[row * ng + G];
-        if (wz) wz[at] = zero[row * ng + G];
-        if (wo) wo[at] = offset[row * ng + G];
+        if (ws) ws[at] = scale[gr + G];
+        if (wz) wz[at] = zero[gr + G];
+        if (wo) wo[at] = offset[gr + G];
       }
     }
   }
 }
 
-// Writes expert e's super-block fields: D (and M) [n, n_sb] f16 bits, sc (and mn) [n, ng].
+// Writes rows [row0, row0 + rows) of expert e's super-block fields: D (and M) [rows, n_sb]
+// f16 bits, sc (and mn) [rows, ng].
 void pack_sb_rows(PackedExperts& p, int64_t e, const uint16_t* d, const uint16_t* m, const int8_t* sc,
-                  const uint8_t* mn) {
+                  const uint8_t* mn, int64_t row0, int64_t rows) {
   const int64_t np = n_panels(p.n, p.gated), ng = int4_n_groups(p.k, p.int4_group);
   const int64_t nsb = (ng + p.sb_groups - 1) / p.sb_groups, cols = np * ng * kPanel, sb_cols = np * nsb * kPanel;
-  for (int64_t P = 0; P < np; ++P)
-    for (int j = 0; j < kPanel; ++j) {
-      const int64_t row = panel_col_to_row(p, P, j);
-      if (row < 0) continue;
-      for (int64_t B = 0; B < nsb; ++B) {
-        const int64_t at = e * sb_cols + (P * nsb + B) * kPanel + j;
-        p.w_sb_d.data<uint16_t>()[at] = d[row * nsb + B];
-        if (m) p.w_sb_m.data<uint16_t>()[at] = m[row * nsb + B];
-      }
-      for (int64_t G = 0; sc && G < ng; ++G) {
-        const int64_t at = e * cols + (P * ng + G) * kPanel + j;
-        p.w_sc.data<int8_t>()[at] = sc[row * ng + G];
-        if (mn) p.w_mn.data<uint8_t>()[at] = mn[row * ng + G];
-      }
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto [P, j] = row_to_panel_col(p, row0 + r);
+    for (int64_t B = 0; B < nsb; ++B) {
+      const int64_t at = e * sb_cols + (P * nsb + B) * kPanel + j;
+      p.w_sb_d.data<uint16_t>()[at] = d[r * nsb + B];
+      if (m) p.w_sb_m.data<uint16_t>()[at] = m[r * nsb + B];
     }
+    for (int64_t G = 0; sc && G < ng; ++G) {
+      const int64_t at = e * cols + (P * ng + G) * kPanel + j;
+      p.w_sc.data<int8_t>()[at] = sc[r * ng + G];
+      if (mn) p.w_mn.data<uint8_t>()[at] = mn[r * ng + G];
+    }
+  }
 }
 
 void check_int4(const PackedExperts& p, int64_t e, const char* what) {
@@ -246,7 +259,7 @@ void pack_expert_i4(PackedExperts& p, int64_t e, const Tensor& w) {
       scale[n * ng + G] = quantize_weight_group_q4(W + n * K + k0, len, p.int4_zero_points, u.data() + n * K + k0,
                                                    z.data() + n * ng + G);
     }
-  pack_coded_rows(p, e, u.data(), z.data(), nullptr, scale.data());
+  pack_coded_rows(p, e, u.data(), z.data(), nullptr, scale.data(), 0, p.n);
 }
 
 // w = (u - z) * s or u * s - offset, as the GEMM's weights (exact for GGUF's types).
@@ -388,7 +401,7 @@ void pack_expert_q4(PackedExperts& p, int64_t e, const Tensor& u, const Tensor& 
   for (int64_t i = 0, n = sc.numel(); i < n; ++i)
     MOE_CHECK(std::isfinite(sp[i]) && sp[i] >= 0.0f, "pack_expert_q4: scale {} of expert {} is {} (must be finite and "
               ">= 0)", i, e, sp[i]);
-  gg::pack_coded_rows(p, e, up, zp, nullptr, sp);
+  gg::pack_coded_rows(p, e, up, zp, nullptr, sp, 0, p.n);
 }
 
 void pack_gated_expert_q4(PackedExperts& w13, PackedExperts& w2, int64_t e, const Q4Weight& gate, const Q4Weight& up,
@@ -412,14 +425,17 @@ void unpack_expert_q4(const PackedExperts& p, int64_t e, Tensor& u, Tensor& zero
   scale = std::move(w.scale);
 }
 
-void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w) {
+void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w, int64_t row0) {
   gg::check_int4(p, e, "pack_expert_coded");
+  const int64_t rows = w.u.defined() && w.u.ndim() == 2 ? w.u.dim(0) : p.n;
+  MOE_CHECK(row0 >= 0 && rows >= 1 && row0 + rows <= p.n,
+            "pack_expert_coded: rows [{}, {}) of expert {} are outside its {} rows", row0, row0 + rows, e, p.n);
   const int64_t ng = int4_n_groups(p.k, p.int4_group);
   const bool sb = p.sb_groups > 0, off = p.w_offset.defined() || p.w_sb_m.defined();
   const int64_t nsb = sb ? (ng + p.sb_groups - 1) / p.sb_groups : 0;
   auto check = [&](const Tensor& t, DType dt, int64_t cols, const char* what) {
-    MOE_CHECK(t.defined() && t.dtype() == dt && t.ndim() == 2 && t.dim(0) == p.n && t.dim(1) == cols,
-              "pack_expert_coded: expected {} {} [{}, {}], got {}", what, dtype_name(dt), p.n, cols,
+    MOE_CHECK(t.defined() && t.dtype() == dt && t.ndim() == 2 && t.dim(0) == rows && t.dim(1) == cols,
+              "pack_expert_coded: expected {} {} [{}, {}], got {}", what, dtype_name(dt), rows, cols,
               t.defined() ? t.describe() : std::string("none"));
   };
   auto dense = [](const Tensor& t) { return !t.defined() || t.is_contiguous() ? t : t.clone(); };
@@ -436,8 +452,8 @@ void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w) {
   };
   if (max_of(up, uc.numel()) >= limit)
     for (int64_t i = 0, n = uc.numel(); i < n; ++i)
-      MOE_CHECK(up[i] < limit, "pack_expert_coded: code {} of expert {} is {} (must be in [0, {}))", i, e, int(up[i]),
-                limit);
+      MOE_CHECK(up[i] < limit, "pack_expert_coded: code {} of expert {} is {} (must be in [0, {}))", row0 * p.k + i, e,
+                int(up[i]), limit);
   Tensor zc;
   if (!off) {
     check(w.zero, DType::U8, ng, "zero points");
@@ -452,10 +468,12 @@ void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w) {
     const bool uniform_ok = p.uniform_zero < 0 || (zmin == p.uniform_zero && zmax == p.uniform_zero);
     const bool fine = nz == 0 || (zmax < limit && uniform_ok);
     for (int64_t i = 0; !fine && i < nz; ++i) {
-      MOE_CHECK(zp[i] < limit, "pack_expert_coded: zero point {} of expert {} is {} (must be in [0, {}))", i, e,
+      MOE_CHECK(zp[i] < limit, "pack_expert_coded: zero point {} of expert {} is {} (must be in [0, {}))",
+                row0 * ng + i, e,
                 int(zp[i]), limit);
       MOE_CHECK(p.uniform_zero < 0 || zp[i] == p.uniform_zero,
-                "pack_expert_coded: zero point {} of expert {} is {}, these experts hold {} for every group", i, e,
+                "pack_expert_coded: zero point {} of expert {} is {}, these experts hold {} for every group",
+                row0 * ng + i, e,
                 int(zp[i]), p.uniform_zero);
     }
   }
@@ -474,27 +492,29 @@ void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w) {
       const uint16_t* h = t->data<uint16_t>();
       for (int64_t i = 0, n = t->numel(); i < n; ++i)  // f16 exponent all ones: inf or NaN
         MOE_CHECK((h[i] & 0x7c00) != 0x7c00, "pack_expert_coded: super-block {} {} of expert {} is {} (must be finite)",
-                  t == &d ? "scale" : "min", i, e, f16_to_f32(h[i]));
+                  t == &d ? "scale" : "min", row0 * nsb + i, e, f16_to_f32(h[i]));
     }
-    gg::pack_coded_rows(p, e, up, zp, nullptr, nullptr);
+    gg::pack_coded_rows(p, e, up, zp, nullptr, nullptr, row0, rows);
     gg::pack_sb_rows(p, e, d.data<uint16_t>(), off ? m.data<uint16_t>() : nullptr,
-                     factors ? sc.data<int8_t>() : nullptr, factors && off ? mn.data<uint8_t>() : nullptr);
+                     factors ? sc.data<int8_t>() : nullptr, factors && off ? mn.data<uint8_t>() : nullptr, row0, rows);
     return;
   }
   check(w.scale, DType::F32, ng, "scales");
   const Tensor sc = dense(w.scale);
   const float* sp = sc.data<float>();
   for (int64_t i = 0, n = sc.numel(); i < n; ++i)
-    MOE_CHECK(std::isfinite(sp[i]), "pack_expert_coded: scale {} of expert {} is {} (must be finite)", i, e, sp[i]);
+    MOE_CHECK(std::isfinite(sp[i]), "pack_expert_coded: scale {} of expert {} is {} (must be finite)", row0 * ng + i, e,
+              sp[i]);
   if (off) {
     check(w.offset, DType::F32, ng, "offsets");
     const Tensor oc = dense(w.offset);
     const float* op = oc.data<float>();
     for (int64_t i = 0, n = oc.numel(); i < n; ++i)
-      MOE_CHECK(std::isfinite(op[i]), "pack_expert_coded: offset {} of expert {} is {} (must be finite)", i, e, op[i]);
-    gg::pack_coded_rows(p, e, up, nullptr, op, sp);
+      MOE_CHECK(std::isfinite(op[i]), "pack_expert_coded: offset {} of expert {} is {} (must be finite)",
+                row0 * ng + i, e, op[i]);
+    gg::pack_coded_rows(p, e, up, nullptr, op, sp, row0, rows);
   } else {
-    gg::pack_coded_rows(p, e, up, zp, nullptr, sp);
+    gg::pack_coded_rows(p, e, up, zp, nullptr, sp, row0, rows);
   }
 }
 

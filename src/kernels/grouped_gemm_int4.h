@@ -100,8 +100,10 @@ struct CodedWeight {
   Tensor sb_d, sb_m, sc, mn;
 };
 // Packs expert e of p (make_packed_experts_coded) from w, checking every code, zero
-// point, scale and offset (errors name the expert and the index).
-void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w);
+// point, scale and offset (errors name the expert and the index in the whole expert).
+// w holds rows [row0, row0 + w.u.dim(0)) of the expert: a loader packs a large weight
+// a few rows at a time from a buffer that stays in cache (gguf_experts.cpp).
+void pack_expert_coded(PackedExperts& p, int64_t e, const CodedWeight& w, int64_t row0 = 0);
 // Expert e as stored; in the super-block form also its effective scale (and offset),
 // D * sc and M * mn, as the GEMM uses them.
 CodedWeight unpack_expert_coded(const PackedExperts& p, int64_t e);

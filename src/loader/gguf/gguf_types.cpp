@@ -78,7 +78,10 @@ struct Format {
 };
 
 struct Block {
-  uint8_t q[kQK];  // codes in [0, 2^bits), one per weight of the block
+  uint8_t own[kQK];
+  // Where unpack writes the codes in [0, 2^bits), one per weight of the block: own, or
+  // straight into a caller's row (decompose_row: no copy per block).
+  uint8_t* q = own;
   float d[16];     // per group
   float m[16];     // per group (MinusMin, PlusMin)
   // The K-quants' factors of d and m: d[g] = f16(d_bits) * sc[g], m[g] = f16(m_bits) * mn[g].
@@ -102,7 +105,7 @@ Format format_of(GgmlType t) {
 }
 
 // Q4_0 / Q4_1 nibbles: byte j of qs holds weight j (low nibble) and weight j + 16 (high).
-void nibbles32(const uint8_t* qs, uint8_t* q) {
+void nibbles32(const uint8_t* qs, uint8_t* __restrict q) {
   for (int j = 0; j < 16; ++j) {
     q[j] = qs[j] & 0xF;
     q[j + 16] = qs[j] >> 4;
@@ -111,7 +114,7 @@ void nibbles32(const uint8_t* qs, uint8_t* q) {
 
 // Q5_0 / Q5_1: the nibbles as above plus a fifth bit, bit j of the little-endian u32 qh
 // for weight j.
-void fives32(const uint8_t* qh4, const uint8_t* qs, uint8_t* q) {
+void fives32(const uint8_t* qh4, const uint8_t* qs, uint8_t* __restrict q) {
   const uint32_t qh = uint32_t(qh4[0]) | uint32_t(qh4[1]) << 8 | uint32_t(qh4[2]) << 16 | uint32_t(qh4[3]) << 24;
   nibbles32(qs, q);
   for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>(q[j] | (((qh >> j) & 1u) << 4));
@@ -142,6 +145,7 @@ void unpack_k45(const uint8_t* b, bool five, Block* out) {
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
   const uint8_t* qs = five ? b + 16 + 32 : b + 16;
+  uint8_t* __restrict q = out->q;  // a caller's row: restrict keeps the loops vectorised
   for (int sb = 0; sb < 8; ++sb) {
     int sc = 0, mn = 0;
     k_scale_min(scales, sb, &sc, &mn);
@@ -154,7 +158,7 @@ void unpack_k45(const uint8_t* b, bool five, Block* out) {
     for (int l = 0; l < 32; ++l) {
       int code = (src[l] >> shift) & 0xF;
       if (five) code |= ((qh[l] >> sb) & 1) << 4;
-      out->q[32 * sb + l] = static_cast<uint8_t>(code);
+      q[32 * sb + l] = static_cast<uint8_t>(code);
     }
   }
 }
@@ -176,12 +180,13 @@ void unpack_q6_k(const uint8_t* b, Block* out) {
     out->m[g] = 0.0f;
     out->sc[g] = sc;
   }
+  uint8_t* __restrict q = out->q;  // as in unpack_k45
   for (int h = 0; h < 2; ++h)
     for (int k = 0; k < 4; ++k)
       for (int l = 0; l < 32; ++l) {
         const int lo = (ql[64 * h + l + 32 * (k % 2)] >> (4 * (k / 2))) & 0xF;
         const int hi = (qh[32 * h + l] >> (2 * k)) & 3;
-        out->q[128 * h + 32 * k + l] = static_cast<uint8_t>(lo | (hi << 4));
+        q[128 * h + 32 * k + l] = static_cast<uint8_t>(lo | (hi << 4));
       }
 }
 
@@ -206,10 +211,12 @@ void unpack(GgmlType t, const uint8_t* b, Block* out) {
       out->m[0] = half_at(b + 2);
       fives32(b + 4, b + 8, out->q);
       return;
-    case GgmlType::Q8_0:  // {f16 d, i8 qs[32]}: code = qs + 128, so the zero point is 128
+    case GgmlType::Q8_0: {  // {f16 d, i8 qs[32]}: code = qs + 128, so the zero point is 128
       out->d[0] = half_at(b);
-      for (int j = 0; j < 32; ++j) out->q[j] = static_cast<uint8_t>(b[2 + j] ^ 0x80);
+      uint8_t* __restrict q = out->q;
+      for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>(b[2 + j] ^ 0x80);
       return;
+    }
     case GgmlType::Q4_K: unpack_k45(b, false, out); return;
     case GgmlType::Q5_K: unpack_k45(b, true, out); return;
     case GgmlType::Q6_K: unpack_q6_k(b, out); return;
@@ -342,8 +349,8 @@ void decompose_row(GgmlType t, const void* src, int64_t n, const RowGroups& out)
   const int64_t groups_per_block = info.block_size / f.group_size;
   Block blk;
   for (int64_t b = 0; b < n / info.block_size; ++b) {
+    blk.q = out.q + b * info.block_size;
     unpack(t, p + b * info.block_bytes, &blk);
-    std::memcpy(out.q + b * info.block_size, blk.q, static_cast<size_t>(info.block_size));
     for (int64_t g = 0; g < groups_per_block; ++g) {
       const float d = blk.d[g];
       float off = 0.0f;
@@ -377,8 +384,8 @@ void decompose_row_sb(GgmlType t, const void* src, int64_t n, const RowSuperBloc
   const auto* p = static_cast<const uint8_t*>(src);
   Block blk;
   for (int64_t b = 0; b < n / info.block_size; ++b) {
+    blk.q = out.q + b * info.block_size;
     unpack(t, p + b * info.block_bytes, &blk);
-    std::memcpy(out.q + b * info.block_size, blk.q, static_cast<size_t>(info.block_size));
     out.d[b] = blk.d_bits;
     if (out.m) out.m[b] = blk.m_bits;
     for (int64_t g = 0; g < gps; ++g) {
