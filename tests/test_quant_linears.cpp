@@ -101,6 +101,50 @@ TEST(QuantLinear, Int4ProjectionIsTheScalarW4A8ReferenceOnEveryIsa) {
     }
 }
 
+// linear_forward_shared (attention's q, k and v) gives every projection linear_forward's
+// result bit for bit: W8A8, W4A8, bf16 and f32 projections of one input, in any mix;
+// ones that share the input's preparation share it, and one with its own static input
+// scale (FastDeploy W8A8) or another dtype still gets its own rows.
+TEST(QuantLinear, SharedInputProjectionsEqualSeparateOnes) {
+  const int64_t k = 256, T = 5;
+  const Tensor x = gaussian({T, k}, 11);
+  std::vector<Linear> ls;
+  ls.push_back(make_linear(gaussian({96, k}, 12), DType::I8, gaussian({96}, 13)));
+  ls.push_back(make_linear(gaussian({32, k}, 14), DType::I8));
+  LinearOptions w4(DType::BF16);
+  w4.int4_group = 32;
+  ls.push_back(make_linear(gaussian({64, k}, 15), w4));
+  ls.push_back(make_linear(gaussian({48, k}, 16), DType::I8));
+  ls.back().w.act_scale = Tensor::empty({1}, DType::F32);
+  ls.back().w.act_scale.data<float>()[0] = 0.03f;  // static input step: not the row absmax
+  ls.push_back(make_linear(gaussian({40, k}, 17), DType::BF16));
+  ls.push_back(make_linear(gaussian({24, k}, 18), DType::F32));
+  auto run_shared = [&](const std::vector<int>& pick) {
+    std::vector<std::vector<float>> out(pick.size());
+    for (size_t i = 0; i < pick.size(); ++i) out[i].assign(static_cast<size_t>(T * ls[pick[i]].n_out()), NAN);
+    LinearScratch s;
+    if (pick.size() == 3) {
+      linear_forward_shared({{&ls[pick[0]], out[0].data()}, {&ls[pick[1]], out[1].data()},
+                             {&ls[pick[2]], out[2].data()}}, x.data<float>(), T, s);
+    } else {
+      linear_forward_shared({{&ls[pick[0]], out[0].data()}, {&ls[pick[1]], out[1].data()}}, x.data<float>(), T, s);
+    }
+    return out;
+  };
+  for (const std::vector<int>& pick : std::vector<std::vector<int>>{
+           {0, 1, 2}, {0, 3, 1}, {3, 0, 1}, {4, 0, 5}, {5, 4}, {2, 4, 0}, {1, 2}}) {
+    const auto got = run_shared(pick);
+    for (size_t i = 0; i < pick.size(); ++i) {
+      const Linear& l = ls[pick[i]];
+      std::vector<float> want(static_cast<size_t>(T * l.n_out()));
+      LinearScratch s;
+      linear_forward(l, x.data<float>(), T, want.data(), s);
+      ASSERT_EQ(0, std::memcmp(got[i].data(), want.data(), want.size() * sizeof(float)))
+          << "projection " << pick[i] << " of the pick starting with " << pick[0];
+    }
+  }
+}
+
 std::unique_ptr<Model> load(const std::string& dir, bool quantized) {
   ModelOptions o;
   o.quantize_w8a8 = quantized;

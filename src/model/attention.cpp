@@ -214,9 +214,7 @@ void GqaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   float* k = AttnScratch::ensure(s.k, T * nkv);
   float* v = AttnScratch::ensure(s.v, T * nkv);
   float* ctx = AttnScratch::ensure(s.ctx, T * nq);
-  linear_forward(q_, x, T, q, s.lin);
-  linear_forward(k_, x, T, k, s.lin);
-  linear_forward(v_, x, T, v, s.lin);
+  linear_forward_shared({{&q_, q}, {&k_, k}, {&v_, v}}, x, T, s.lin);
   if (q_norm_.defined()) {
     rms_norm(q, q_norm_.data<float>(), T * n_heads_, hd, eps_, q);
     rms_norm(k, k_norm_.data<float>(), T * n_kv_, hd, eps_, k);
@@ -301,16 +299,15 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   const int64_t T = b.n_tokens(), qk = nope_ + rope_dim_, nq = n_heads_ * qk, L = kv_lora_, R = rope_dim_;
   if (T == 0) return;
   float* q = AttnScratch::ensure(s.q, T * nq);
+  float* kv = AttnScratch::ensure(s.k, T * (L + R));
   if (q_lora_ > 0) {
     float* qa = AttnScratch::ensure(s.tmp, T * q_lora_);
-    linear_forward(q_a_, x, T, qa, s.lin);
+    linear_forward_shared({{&q_a_, qa}, {&kv_a_, kv}}, x, T, s.lin);
     rms_norm(qa, q_a_norm_.data<float>(), T, q_lora_, eps_, qa);
     linear_forward(q_b_, qa, T, q, s.lin);
   } else {
-    linear_forward(q_, x, T, q, s.lin);
+    linear_forward_shared({{&q_, q}, {&kv_a_, kv}}, x, T, s.lin);
   }
-  float* kv = AttnScratch::ensure(s.k, T * (L + R));
-  linear_forward(kv_a_, x, T, kv, s.lin);
   for (int64_t t = 0; t < T; ++t) {
     float* row = kv + t * (L + R);
     rms_norm(row, kv_a_norm_.data<float>(), 1, L, eps_, row);

@@ -143,16 +143,14 @@ Linear load_linear_packed(const Checkpoint& ck, const LinearRead& r, const Linea
 
 }  // namespace
 
-void linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s, int64_t ldx,
-                    int64_t ldy) {
-  if (T == 0) return;
-  const int64_t K = l.n_in(), N = l.n_out();
-  if (ldx == 0) ldx = K;
-  if (ldy == 0) ldy = N;
-  const void* a = x;
-  int64_t lda = ldx;
+namespace {
+
+// x[T, K] (row stride ldx) as l's GEMM reads it: f32 as is, bf16 rows, or W8A8's Q8 rows
+// (each row quantised with its own absmax, or l's static input scale) in s.a.
+const void* linear_input(const Linear& l, const float* x, int64_t T, int64_t ldx, LinearScratch& s, int64_t* lda) {
+  const int64_t K = l.n_in();
+  *lda = ldx;
   if (l.w.dtype == DType::I8) {
-    // W8A8: each row quantised with its own absmax (per-token dynamic scale) into Q8 rows,
     const int64_t rb = q8_row_bytes(K);
     if (!s.a.defined() || s.a.dtype() != DType::I8 || s.a.numel() < T * rb) s.a = Tensor::empty({T * rb}, DType::I8);
     QuantizeRowsParams q;
@@ -166,16 +164,23 @@ void linear_forward(const Linear& l, const float* x, int64_t T, float* y, Linear
     // A static input scale (FastDeploy W8A8, loader/quant_weights.h) replaces the row's absmax.
     q.static_scale = l.w.act_scale.defined() ? l.w.act_scale.data<float>() : nullptr;
     quantize_rows_q8(q);
-    a = s.a.raw();
-    lda = rb;
-  } else if (l.w.act_dtype() != DType::F32) {
+    *lda = rb;
+    return s.a.raw();
+  }
+  if (l.w.act_dtype() != DType::F32) {
     const DType at = l.w.act_dtype();  // bf16 (FP8 weights compute on bf16 activations too)
     if (!s.a.defined() || s.a.dtype() != at || s.a.numel() < T * K) s.a = Tensor::empty({T * K}, at);
     for (int64_t t = 0; t < T; ++t)
       convert_from_f32(x + t * ldx, static_cast<char*>(s.a.raw()) + t * K * dtype_size(at), at, K);
-    a = s.a.raw();
-    lda = K;
+    *lda = K;
+    return s.a.raw();
   }
+  return x;
+}
+
+// y[T, N] (row stride ldy) = a . W^T (+ bias), a from linear_input.
+void linear_gemm(const Linear& l, const void* a, int64_t lda, int64_t T, float* y, int64_t ldy) {
+  const int64_t N = l.n_out();
   const int64_t offsets[2] = {0, T};
   GroupedGemmParams g;
   g.w = &l.w;
@@ -191,6 +196,39 @@ void linear_forward(const Linear& l, const float* x, int64_t T, float* y, Linear
     for (int64_t t = 0; t < T; ++t)
       for (int64_t n = 0; n < N; ++n) y[t * ldy + n] += b[n];
   }
+}
+
+// Whether b reads the input exactly as a does (linear_input's result serves both).
+bool same_input(const Linear& a, const Linear& b) {
+  if (a.n_in() != b.n_in() || a.w.dtype != b.w.dtype || a.w.act_dtype() != b.w.act_dtype()) return false;
+  if (a.w.dtype != DType::I8) return true;
+  const Tensor &sa = a.w.act_scale, &sb = b.w.act_scale;
+  if (sa.defined() != sb.defined()) return false;
+  return !sa.defined() || (sa.numel() == sb.numel() && std::memcmp(sa.raw(), sb.raw(), sa.nbytes()) == 0);
+}
+
+}  // namespace
+
+void linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s, int64_t ldx,
+                    int64_t ldy) {
+  if (T == 0) return;
+  if (ldx == 0) ldx = l.n_in();
+  int64_t lda = 0;
+  const void* a = linear_input(l, x, T, ldx, s, &lda);
+  linear_gemm(l, a, lda, T, y, ldy == 0 ? l.n_out() : ldy);
+}
+
+void linear_forward_shared(std::initializer_list<LinearOut> outs, const float* x, int64_t T, LinearScratch& s) {
+  if (T == 0 || outs.size() == 0) return;
+  // Those that read the input as the first does share its prepared rows; any other (e.g.
+  // a different static input scale) prepares its own afterwards, in s.a too.
+  const Linear& first = *outs.begin()->l;
+  int64_t lda = 0;
+  const void* a = linear_input(first, x, T, first.n_in(), s, &lda);
+  for (const LinearOut& o : outs)
+    if (same_input(first, *o.l)) linear_gemm(*o.l, a, lda, T, o.y, o.l->n_out());
+  for (const LinearOut& o : outs)
+    if (!same_input(first, *o.l)) linear_forward(*o.l, x, T, o.y, s);
 }
 
 void rms_norm(const float* x, const float* w, int64_t T, int64_t n, double eps, float* y) {

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -119,6 +120,16 @@ struct LinearScratch {
 // y[T, out] f32 = x[T, in] f32 . W^T (+ bias). ldx/ldy: elements between rows (0: dense).
 void linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s, int64_t ldx = 0,
                     int64_t ldy = 0);
+// Several projections of one input x[T, in] (attention's q, k and v): each y[T, out] =
+// x . W^T (+ bias), as linear_forward gives it, bit for bit, with the input quantised
+// (or converted to bf16) once for all that read it alike: one pass and one OpenMP region
+// instead of one per projection (a decode step had 16 parallel regions a layer, 6 of
+// them q, k and v's).
+struct LinearOut {
+  const Linear* l;
+  float* y;
+};
+void linear_forward_shared(std::initializer_list<LinearOut> outs, const float* x, int64_t T, LinearScratch& s);
 
 // y[T, n] = w * x / sqrt(mean(x^2) + eps), in f32 as HF does (y may alias x).
 void rms_norm(const float* x, const float* w, int64_t T, int64_t n, double eps, float* y);
