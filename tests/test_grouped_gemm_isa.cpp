@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/quant.h"
 #include "test_isa.h"
 
 namespace moe {
@@ -166,6 +167,79 @@ TEST(GroupedGemmIsa, RowResultsDoNotDependOnTheBatch) {
               << isa_name(isa) << " " << dtype_name(dt) << " rows [" << r0 << ", " << r0 + rows << ")";
         }
       }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moe
+
+namespace moe {
+namespace {
+
+// grouped_gemm_many runs several GEMMs (different weights, dtypes, expert counts, rows and
+// outputs) in one parallel region: each output equals its grouped_gemm alone, bit for
+// bit, on every ISA, at decode (one row) and prefill sizes.
+TEST(GroupedGemmIsa, ManyGemmsInOneRegionEqualEachAlone) {
+  struct One {
+    PackedExperts w;
+    std::vector<int64_t> offsets;
+    std::vector<char> a;
+    int64_t lda = 0;
+    Activation act = Activation::None;
+  };
+  for (const int64_t rows : {int64_t{1}, int64_t{37}}) {
+    std::vector<One> ones;
+    auto add = [&](DType dt, int64_t E, int64_t n, int64_t k, bool gated, uint32_t seed) {
+      One o;
+      o.w = make_packed_experts(E, n, k, dt, gated);
+      for (int64_t e = 0; e < E; ++e) pack_expert(o.w, e, random_f32({n, k}, seed + static_cast<uint32_t>(e)));
+      o.offsets.assign(static_cast<size_t>(E) + 1, 0);
+      for (int64_t e = 0; e < E; ++e) o.offsets[e + 1] = o.offsets[e] + (rows + e) / E;  // uneven, some empty
+      const int64_t R = o.offsets[E];
+      const Tensor x = random_f32({std::max<int64_t>(R, 1), k}, seed + 100);
+      if (dt == DType::I8) {
+        o.lda = q8_row_bytes(k);
+        o.a.resize(static_cast<size_t>(std::max<int64_t>(R, 1) * o.lda));
+        for (int64_t r = 0; r < R; ++r)
+          quantize_row_q8_reference(x.data<float>() + r * k, nullptr, k, o.a.data() + r * o.lda);
+      } else {
+        o.lda = k;
+        o.a.resize(static_cast<size_t>(std::max<int64_t>(R, 1) * k) * dtype_size(dt));
+        convert_from_f32(x.data<float>(), o.a.data(), dt, R * k);
+      }
+      o.act = gated ? Activation::SiluMul : Activation::None;
+      ones.push_back(std::move(o));
+    };
+    add(DType::F32, 1, 130, 48, false, 1);
+    add(DType::BF16, 3, 64, 66, true, 2);
+    add(DType::I8, 2, 96, 64, false, 3);
+    add(DType::F32, 1, 512, 256, false, 4);  // big enough to wake the team on its own
+    for (Isa isa : available_isas()) {
+      IsaScope scope(isa);
+      std::vector<std::vector<float>> alone(ones.size()), many(ones.size());
+      std::vector<GroupedGemmParams> ps;
+      for (size_t i = 0; i < ones.size(); ++i) {
+        const One& o = ones[i];
+        const int64_t R = o.offsets.back(), n_out = o.w.n_out();
+        alone[i].assign(static_cast<size_t>(std::max<int64_t>(R, 1) * n_out), 0.f);
+        many[i].assign(alone[i].size(), NAN);
+        GroupedGemmParams p;
+        p.w = &o.w;
+        p.a = o.a.data();
+        p.lda = o.lda;
+        p.offsets = o.offsets.data();
+        p.c = alone[i].data();
+        p.ldc = n_out;
+        p.act = o.act;
+        grouped_gemm(p);
+        p.c = many[i].data();
+        ps.push_back(p);
+      }
+      grouped_gemm_many(ps);
+      for (size_t i = 0; i < ones.size(); ++i)
+        ASSERT_EQ(0, std::memcmp(alone[i].data(), many[i].data(), alone[i].size() * sizeof(float)))
+            << isa_name(isa) << " GEMM " << i << " rows " << rows;
     }
   }
 }

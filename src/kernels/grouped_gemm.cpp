@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "core/check.h"
@@ -253,6 +254,47 @@ void grouped_gemm(const GroupedGemmParams& p) {
   }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (int64_t i = 0; i < n_tasks; ++i) run(j, tk[i]);
+}
+
+void grouped_gemm_many(std::span<const GroupedGemmParams> ps) {
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  struct One {
+    gg::Job job;
+    Runner run;
+    size_t first;  // its first task in `all`
+  };
+  thread_local std::vector<One> ones;
+  thread_local std::vector<gg::Task> tasks, all;
+  thread_local std::vector<int> owner;  // all[i] is a task of ones[owner[i]]
+  ones.clear();
+  all.clear();
+  owner.clear();
+  int64_t macs = 0;
+  for (const GroupedGemmParams& p : ps) {
+    if (p.w->in_perm.defined()) {  // its gathered rows live in grouped_gemm's scratch: on its own
+      grouped_gemm(p);
+      continue;
+    }
+    check_params(p);
+    const PackedExperts& w = *p.w;
+    ones.push_back({make_job(p), pick_runner(w), all.size()});
+    build_tasks(ones.back().job, w.n_experts, gg::n_panels(w.n, w.gated), nt, tasks);
+    all.insert(all.end(), tasks.begin(), tasks.end());
+    owner.insert(owner.end(), tasks.size(), static_cast<int>(ones.size() - 1));
+    macs += (p.offsets[w.n_experts] - p.offsets[0]) * w.n * w.k;
+  }
+  const int64_t n_tasks = static_cast<int64_t>(all.size());
+  // The tasks are grouped_gemm's for each p, so each output gets the same bits; the
+  // same threshold as grouped_gemm's for waking the team, over all of them.
+  if (nt == 1 || n_tasks <= 1 || macs < (int64_t{1} << 18)) {
+    for (int64_t i = 0; i < n_tasks; ++i) ones[owner[i]].run(ones[owner[i]].job, all[i]);
+    return;
+  }
+  const One* o = ones.data();
+  const int* ow = owner.data();
+  const gg::Task* tk = all.data();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t i = 0; i < n_tasks; ++i) o[ow[i]].run(o[ow[i]].job, tk[i]);
 }
 
 void grouped_gemm_reference(const GroupedGemmParams& p) {

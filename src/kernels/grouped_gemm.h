@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -173,6 +174,10 @@ struct GroupedGemmParams {
 // Runs all experts' GEMMs, parallel over (expert x output block) tasks (OpenMP).
 // Picks the kernel by rows per expert and the active ISA (core/cpu.h).
 void grouped_gemm(const GroupedGemmParams& p);
+// grouped_gemm of each of ps (different weights and outputs: attention's q, k and v), the
+// same tasks and so the same bits, in one parallel region: one wake-up and one join of the
+// team instead of one per GEMM (the small k and v GEMVs of a decode step take microseconds).
+void grouped_gemm_many(std::span<const GroupedGemmParams> ps);
 
 // Plain reference: same contract, scalar loops over unpacked weights, f32 accumulation
 // in the order k = 0..K-1. Rounds the output to c_dtype like the kernel. I8: exact integer

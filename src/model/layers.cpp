@@ -178,10 +178,9 @@ const void* linear_input(const Linear& l, const float* x, int64_t T, int64_t ldx
   return x;
 }
 
-// y[T, N] (row stride ldy) = a . W^T (+ bias), a from linear_input.
-void linear_gemm(const Linear& l, const void* a, int64_t lda, int64_t T, float* y, int64_t ldy) {
-  const int64_t N = l.n_out();
-  const int64_t offsets[2] = {0, T};
+// The GEMM y[T, N] (row stride ldy) = a . W^T, a from linear_input; offsets = {0, T}.
+GroupedGemmParams linear_gemm_params(const Linear& l, const void* a, int64_t lda, const int64_t* offsets, float* y,
+                                     int64_t ldy) {
   GroupedGemmParams g;
   g.w = &l.w;
   g.a = a;
@@ -190,12 +189,14 @@ void linear_gemm(const Linear& l, const void* a, int64_t lda, int64_t T, float* 
   g.c = y;
   g.c_dtype = DType::F32;
   g.ldc = ldy;
-  grouped_gemm(g);
-  if (l.bias.defined()) {
-    const float* b = l.bias.data<float>();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t n = 0; n < N; ++n) y[t * ldy + n] += b[n];
-  }
+  return g;
+}
+
+void add_bias(const Linear& l, int64_t T, float* y, int64_t ldy) {
+  if (!l.bias.defined()) return;
+  const float* b = l.bias.data<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0, N = l.n_out(); n < N; ++n) y[t * ldy + n] += b[n];
 }
 
 // Whether b reads the input exactly as a does (linear_input's result serves both).
@@ -213,20 +214,33 @@ void linear_forward(const Linear& l, const float* x, int64_t T, float* y, Linear
                     int64_t ldy) {
   if (T == 0) return;
   if (ldx == 0) ldx = l.n_in();
+  if (ldy == 0) ldy = l.n_out();
   int64_t lda = 0;
   const void* a = linear_input(l, x, T, ldx, s, &lda);
-  linear_gemm(l, a, lda, T, y, ldy == 0 ? l.n_out() : ldy);
+  const int64_t offsets[2] = {0, T};
+  grouped_gemm(linear_gemm_params(l, a, lda, offsets, y, ldy));
+  add_bias(l, T, y, ldy);
 }
 
 void linear_forward_shared(std::initializer_list<LinearOut> outs, const float* x, int64_t T, LinearScratch& s) {
   if (T == 0 || outs.size() == 0) return;
   // Those that read the input as the first does share its prepared rows; any other (e.g.
   // a different static input scale) prepares its own afterwards, in s.a too.
+  // Their GEMMs run in one parallel region (grouped_gemm_many).
   const Linear& first = *outs.begin()->l;
   int64_t lda = 0;
   const void* a = linear_input(first, x, T, first.n_in(), s, &lda);
+  const int64_t offsets[2] = {0, T};
+  GroupedGemmParams gs[8];
+  size_t n = 0;
   for (const LinearOut& o : outs)
-    if (same_input(first, *o.l)) linear_gemm(*o.l, a, lda, T, o.y, o.l->n_out());
+    if (same_input(first, *o.l)) {
+      MOE_CHECK(n < std::size(gs), "linear_forward_shared: at most {} projections share an input", std::size(gs));
+      gs[n++] = linear_gemm_params(*o.l, a, lda, offsets, o.y, o.l->n_out());
+    }
+  grouped_gemm_many({gs, n});
+  for (const LinearOut& o : outs)
+    if (same_input(first, *o.l)) add_bias(*o.l, T, o.y, o.l->n_out());
   for (const LinearOut& o : outs)
     if (!same_input(first, *o.l)) linear_forward(*o.l, x, T, o.y, s);
 }
