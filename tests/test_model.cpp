@@ -341,7 +341,9 @@ TEST(ModelGenerate, ChunkedPrefillGivesTheSameTokensAndLogits) {
                   0)
             << "prompt " << i;
       }
-      if (chunk >= 24) EXPECT_EQ(r.prefill_tokens, 24);
+      if (chunk >= 24) {
+        EXPECT_EQ(r.prefill_tokens, 24);
+      }
       EXPECT_GE(r.prefill_tokens, 24);  // mixed steps also count their decode tokens
     }
   }

@@ -285,7 +285,9 @@ TEST(WeightsCache, PackedRecordsDecodeOnlyTheirFormatsLayout) {
     EXPECT_EQ(q.w_zero.defined(), p.w_zero.defined());
     EXPECT_EQ(q.smooth.defined(), p.smooth.defined());
     EXPECT_EQ(q.in_perm.defined(), p.in_perm.defined());
-    if (p.in_perm.defined()) EXPECT_TRUE(same_bytes(q.in_perm, p.in_perm));
+    if (p.in_perm.defined()) {
+      EXPECT_TRUE(same_bytes(q.in_perm, p.in_perm));
+    }
     // Each mutation alone is refused. (Every shape here fills whole 64-column panels, so
     // twice the rows is a different layout; a change inside one panel's padding keeps
     // the layout, and Linear / MoE decoding checks the sizes themselves.)
