@@ -77,8 +77,8 @@ void add_weights_cache_option(CLI::App* cmd, std::string& dir) {
                   "weights as usual and writes this rank's packed tensors there (about their packed size: 1.04x a "
                   "Q4_0 GGUF, 1.09x a Q4_K_M one); later starts with the same model files, options, parallel layout "
                   "and rank map that file instead of repacking (a 1.5 GB Q4_0 GGUF: 1.3 s to pack, 0.16 s to map on "
-                  "a 2-vCPU AVX-512 Xeon, the file in the page cache; `cat` reads it in 0.16 s). A stale file (the "
-                  "model's files, the moe-ep build, the ISA level or the options changed) or a damaged one is "
+                  "a 2-vCPU AVX-512 Xeon, the file in the page cache; `cat` reads it in 0.16-0.22 s). A stale file "
+                  "(the model's files, the moe-ep build, the ISA level or the options changed) or a damaged one is "
                   "rebuilt, never trusted. Off by default: it costs disk space of the packed weights")
       ->type_name("DIR");
 }

@@ -224,75 +224,59 @@ void build_tasks(const gg::Job& j, int64_t n_experts, int64_t np, int nt, std::v
 
 }  // namespace
 
-void grouped_gemm(const GroupedGemmParams& p) {
-  check_params(p);
-  if (p.w->in_perm.defined() && p.offsets[p.w->n_experts] > p.offsets[0]) {
+void grouped_gemm(const GroupedGemmParams& p) { grouped_gemm_many({&p, 1}); }
+
+void grouped_gemm_many(std::span<const GroupedGemmParams> ps) {
+  // Act-order weights (in_perm) first, each on its own: their rows are gathered into
+  // input order, then run as a plain weight (before the scratch below is laid out, which
+  // that call reuses).
+  auto gathers = [](const GroupedGemmParams& p) {
+    return p.w->in_perm.defined() && p.offsets[p.w->n_experts] > p.offsets[0];
+  };
+  for (const GroupedGemmParams& p : ps) {
+    check_params(p);
+    if (!gathers(p)) continue;
     thread_local std::vector<char> gathered;
     GroupedGemmParams q = gather_in_perm(p, gathered);
     PackedExperts plain = *p.w;  // shares the storage; the gathered rows need no permutation
     plain.in_perm = Tensor();
     q.w = &plain;
-    return grouped_gemm(q);
+    grouped_gemm_many({&q, 1});
   }
-  const PackedExperts& w = *p.w;
-  const gg::Job j = make_job(p);
-  const int64_t np = gg::n_panels(w.n, w.gated);
-  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  thread_local std::vector<gg::Task> tasks;
-  build_tasks(j, w.n_experts, np, nt, tasks);
-  if (tasks.empty()) return;
-  const Runner run = pick_runner(w);
-  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  const gg::Task* tk = tasks.data();
-  // Below ~2^18 multiply-adds (tens of microseconds on one core) waking a team
-  // costs more than it saves, and on a loaded machine a descheduled team member
-  // stalls everyone at the barrier.
-  const int64_t macs = (p.offsets[w.n_experts] - p.offsets[0]) * w.n * w.k;
-  if (nt == 1 || n_tasks == 1 || macs < (int64_t{1} << 18)) {
-    for (int64_t i = 0; i < n_tasks; ++i) run(j, tk[i]);
-    return;
-  }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-  for (int64_t i = 0; i < n_tasks; ++i) run(j, tk[i]);
-}
-
-void grouped_gemm_many(std::span<const GroupedGemmParams> ps) {
-  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  // The others' tasks, each GEMM's as it alone would have them (so the same bits), run in
+  // one team: all[i] is a task of ones[owner[i]].
   struct One {
     gg::Job job;
     Runner run;
-    size_t first;  // its first task in `all`
   };
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
   thread_local std::vector<One> ones;
   thread_local std::vector<gg::Task> tasks, all;
-  thread_local std::vector<int> owner;  // all[i] is a task of ones[owner[i]]
+  thread_local std::vector<int> owner;
   ones.clear();
   all.clear();
   owner.clear();
   int64_t macs = 0;
   for (const GroupedGemmParams& p : ps) {
-    if (p.w->in_perm.defined()) {  // its gathered rows live in grouped_gemm's scratch: on its own
-      grouped_gemm(p);
-      continue;
-    }
-    check_params(p);
+    if (gathers(p)) continue;
     const PackedExperts& w = *p.w;
-    ones.push_back({make_job(p), pick_runner(w), all.size()});
+    ones.push_back({make_job(p), pick_runner(w)});
     build_tasks(ones.back().job, w.n_experts, gg::n_panels(w.n, w.gated), nt, tasks);
     all.insert(all.end(), tasks.begin(), tasks.end());
     owner.insert(owner.end(), tasks.size(), static_cast<int>(ones.size() - 1));
     macs += (p.offsets[w.n_experts] - p.offsets[0]) * w.n * w.k;
   }
   const int64_t n_tasks = static_cast<int64_t>(all.size());
-  // The tasks are grouped_gemm's for each p, so each output gets the same bits; the
-  // same threshold as grouped_gemm's for waking the team, over all of them.
-  if (nt == 1 || n_tasks <= 1 || macs < (int64_t{1} << 18)) {
-    for (int64_t i = 0; i < n_tasks; ++i) ones[owner[i]].run(ones[owner[i]].job, all[i]);
-    return;
-  }
   const One* o = ones.data();
   const int* ow = owner.data();
   const gg::Task* tk = all.data();
+  // Below ~2^18 multiply-adds (tens of microseconds on one core) waking a team
+  // costs more than it saves, and on a loaded machine a descheduled team member
+  // stalls everyone at the barrier.
+  if (nt == 1 || n_tasks <= 1 || macs < (int64_t{1} << 18)) {
+    for (int64_t i = 0; i < n_tasks; ++i) o[ow[i]].run(o[ow[i]].job, tk[i]);
+    return;
+  }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (int64_t i = 0; i < n_tasks; ++i) o[ow[i]].run(o[ow[i]].job, tk[i]);
 }

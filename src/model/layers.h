@@ -122,9 +122,8 @@ void linear_forward(const Linear& l, const float* x, int64_t T, float* y, Linear
                     int64_t ldy = 0);
 // Several projections of one input x[T, in] (attention's q, k and v): each y[T, out] =
 // x . W^T (+ bias), as linear_forward gives it, bit for bit, with the input quantised
-// (or converted to bf16) once for all that read it alike: one pass and one OpenMP region
-// instead of one per projection (a decode step had 16 parallel regions a layer, 6 of
-// them q, k and v's).
+// (or converted to bf16) once for all that read it alike, and their GEMMs run under one
+// wake-up of the thread team (grouped_gemm_many) instead of one each.
 struct LinearOut {
   const Linear* l;
   float* y;
