@@ -34,7 +34,8 @@
 # Each of R rounds runs every case of both engines once, one process at a time, in a
 # fixed order that is reversed every other round (so a slow drift of the shared
 # machine's memory bandwidth does not favour whoever runs first); the table holds the
-# medians over rounds. Both engines get THREADS threads.
+# medians over rounds. Both engines get THREADS threads (moe-ep --threads, llama-bench -t;
+# before 2026-12-04 moe-ep was given OMP_NUM_THREADS, which it ignored: it ran on every core).
 #   prefill: one prompt of PREFILL tokens, from an empty cache. moe-ep: the first step of
 #     `generate` (fixed pseudo-random prompt ids); llama.cpp: llama-bench -p PREFILL -n 0.
 #   decode (batch 1): DECODE tokens after that prompt. moe-ep: the remaining steps of the
@@ -139,7 +140,7 @@ moe_cmd() {  # MODE -> CMD, the moe-ep command line (the prompt ids in $IDS_FILE
   [ "$1" = w4a8 ] && extra=("${INT4_ARGS[@]}")
   [ "$q" != none ] && [ "$LINEARS" != none ] && extra+=(--quantize-linears "$LINEARS")
   moe_has --warmup && extra+=(--warmup)
-  CMD=(env OMP_NUM_THREADS="$THREADS" "$MOE_EP" generate --model "$model" --dtype bf16 --quantize "$q" "${extra[@]}"
+  CMD=("$MOE_EP" generate --threads "$THREADS" --model "$model" --dtype bf16 --quantize "$q" "${extra[@]}"
        --prompt-ids "@$IDS_FILE" --max-new-tokens $((DECODE + 1)) --ignore-eos --quiet --kv-cache-dtype "${KV:-bf16}"
        --max-seq-len $((PREFILL + DECODE + 16)))
 }
@@ -188,7 +189,7 @@ EOF
 }
 
 bandwidth() {  # moe-ep's streaming-read probe, GB/s
-  OMP_NUM_THREADS=$THREADS "$MOE_EP" bench --shape qwen3-30b-a3b --tokens 1 --dtype bf16 --seconds 0.2 --skip-check \
+  "$MOE_EP" bench --threads "$THREADS" --shape qwen3-30b-a3b --tokens 1 --dtype bf16 --seconds 0.2 --skip-check \
     2>&1 | sed -n 's/.*limits: read bandwidth \([0-9.]*\) GB\/s.*/\1/p' | head -1
 }
 

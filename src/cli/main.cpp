@@ -18,8 +18,8 @@ struct GlobalOptions {
 
 void add_global(CLI::App* cmd, GlobalOptions& g) {
   cmd->add_option("--threads", g.threads,
-                  "Worker threads for the kernels (default 0: the cores of this machine divided among the "
-                  "ranks that mpirun started on it)")
+                  "Worker threads for the kernels (default 0: OMP_NUM_THREADS when it is set, else the cores "
+                  "of this machine divided among the ranks that mpirun started on it)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--isa", g.isa,
                   "Cap the instruction set the kernels use: portable, avx2, avx512, avx512bf16 or amx (AMX-INT8 "
