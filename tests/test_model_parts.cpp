@@ -4,7 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <limits>
 
 #include "loader/checkpoint.h"
 #include "loader/safetensors.h"
@@ -34,6 +36,40 @@ TEST(Rope, DefaultRotateHalfAndInterleaved) {
       EXPECT_NEAR(y[a], x[a] * c - x[b] * s, 1e-5);
       EXPECT_NEAR(y[b], x[b] * c + x[a] * s, 1e-5);
     }
+  }
+}
+
+// A prompt's rows go over the threads (kRowParallelElems); each row keeps the bits it has
+// alone: norms of 64 rows of 1024 against 64 one-row calls, RoPE tables of 300 positions
+// against one position at a time.
+TEST(RowParallel, NormsAndRopeTablesEqualRowByRow) {
+  const int64_t T = 64, n = 1024;
+  ASSERT_GE(T * n, kRowParallelElems);  // the threaded path
+  std::vector<float> x(T * n), w(n), all(T * n), one(T * n);
+  uint32_t st = 7;
+  auto u = [&] {
+    st = st * 1664525u + 1013904223u;
+    return static_cast<float>(st >> 8) / 16777216.0f - 0.5f;
+  };
+  for (auto& v : x) v = 8 * u();
+  for (auto& v : w) v = 2 * u();
+  rms_norm(x.data(), w.data(), T, n, 1e-6, all.data());
+  for (int64_t t = 0; t < T; ++t) rms_norm(x.data() + t * n, w.data(), 1, n, 1e-6, one.data() + t * n);
+  EXPECT_EQ(std::memcmp(all.data(), one.data(), all.size() * sizeof(float)), 0);
+
+  RopeConfig rc;
+  rc.theta = 1e6;
+  rc.dim = 128;
+  Rope r(rc);
+  std::vector<int32_t> pos(300);
+  for (int i = 0; i < 300; ++i) pos[i] = 5 + 7 * i;
+  ASSERT_GE(300 * 64 * 8, kRowParallelElems);
+  RopeTables tab, single;
+  r.tables(pos.data(), 300, tab);
+  for (int i = 0; i < 300; ++i) {
+    r.tables(&pos[i], 1, single);
+    ASSERT_EQ(std::memcmp(tab.cos.data() + i * 64, single.cos.data(), 64 * sizeof(float)), 0) << i;
+    ASSERT_EQ(std::memcmp(tab.sin.data() + i * 64, single.sin.data(), 64 * sizeof(float)), 0) << i;
   }
 }
 
@@ -104,6 +140,40 @@ TEST(Sampler, GreedyAndSeededDraws) {
   // Uniforms are in [0, 1) and differ between requests.
   EXPECT_NE(counter_uniform(1, 0, 0), counter_uniform(1, 1, 0));
   EXPECT_NE(counter_uniform(1, 0, 0), counter_uniform(2, 0, 0));
+}
+
+// The vectorised greedy pick is the one-pass logit_before scan on any row: ties (to the
+// lower id), -0 against +0, NaN (never above a number), infinities, rows of every length
+// around the 16 lanes, the best in the tail or in the lanes.
+TEST(Sampler, GreedyTokenIsTheFirstBestInLogitBeforeOrder) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> pool = {0.5f, -0.f, 0.f, 1.f, 1.f, -1.f, nan, inf, -inf, 3.f, 3.f, 2.5f};
+  const std::vector<float> no_number = {nan, -inf};
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<size_t>(state >> 33);
+  };
+  int checked = 0;
+  for (int64_t V : {1, 2, 15, 16, 17, 31, 33, 100, 32000}) {
+    for (int trial = 0; trial < 60; ++trial) {
+      std::vector<float> lg(V);
+      // Few distinct values, so ties are common; every 4th row holds only NaN and -inf.
+      const std::vector<float>& src = trial % 4 == 0 ? no_number : pool;
+      for (auto& x : lg) x = src[next() % src.size()];
+      if (trial % 5 == 1) lg[next() % V] = 7.f;  // one clear best anywhere (the tail too)
+      int32_t want = 0;
+      for (int32_t i = 1; i < V; ++i)
+        if (logit_before(lg.data(), i, want)) want = i;
+      ASSERT_EQ(greedy_token(lg.data(), V), want) << "V " << V << " trial " << trial;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 9 * 60);
+  const std::vector<float> zeros = {-0.f, 0.f, -0.f};
+  EXPECT_EQ(greedy_token(zeros.data(), 3), 0);  // -0 == +0: the lower id
+  const std::vector<float> nans = {nan, nan, -inf, nan};
+  EXPECT_EQ(greedy_token(nans.data(), 4), 0);  // all keys -inf: id 0, as the scan gives
 }
 
 // ---- CLI ------------------------------------------------------------------------------
@@ -198,6 +268,54 @@ TEST(ModelCli, GenerateMatchesGreedyAndWritesJson) {
     ASSERT_EQ(test::run_command(cmd, &a), 0) << a;
     ASSERT_EQ(test::run_command(cmd, &b), 0) << b;
     EXPECT_EQ(a.substr(0, a.find("moe-ep generate")), b.substr(0, b.find("moe-ep generate")));
+  }
+}
+
+// --threads wins, else OMP_NUM_THREADS, else the cores. --profile: every stage's time,
+// stages plus "other" make the span's total, the stages a model runs take time and the
+// ones it lacks none (qwen3_moe has no shared experts, deepseek_v3 has; MLA attention),
+// and profiling changes no generated id.
+TEST(ModelCli, ThreadsAndProfile) {
+  const std::string bin = MOE_EP_BINARY;
+  test::TempDir tmp;
+  std::string out;
+  for (const char* name : {"qwen3_moe", "deepseek_v3"}) {
+    const std::string base = bin + " generate --model " + test::fixtures_dir() + "/" + name +
+                             " --prompt-ids \"1,2,3,4,5\" --max-new-tokens 4 --ignore-eos ";
+    ASSERT_EQ(test::run_command("OMP_NUM_THREADS=1 " + base + "--profile --output-json " + (tmp / "p.json"), &out), 0)
+        << out;
+    EXPECT_NE(out.find("; threads 1\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("moe-ep generate: profile of the prefill (5 tokens), ms: total "), std::string::npos) << out;
+    EXPECT_NE(out.find("moe-ep generate: profile of the decode (3 tokens, 3 steps), ms per step: total "),
+              std::string::npos)
+        << out;
+    ASSERT_EQ(test::run_command("OMP_NUM_THREADS=1 " + base + "--threads 2 --output-json " + (tmp / "q.json"), &out), 0)
+        << out;
+    EXPECT_NE(out.find("; threads 2\n"), std::string::npos) << out;
+    EXPECT_EQ(out.find("profile of"), std::string::npos) << out;
+    const auto p = nlohmann::json::parse(std::ifstream(tmp / "p.json"));
+    const auto q = nlohmann::json::parse(std::ifstream(tmp / "q.json"));
+    EXPECT_EQ(p["generated"], q["generated"]) << name;
+    EXPECT_FALSE(q.contains("profile_s"));
+    for (const char* span : {"prefill", "decode"}) {
+      const auto& j = p["profile_s"][span];
+      ASSERT_EQ(j.size(), 15u) << j.dump();  // 13 stages, other, total
+      double sum = 0;
+      for (const auto& [k, v] : j.items()) {
+        EXPECT_GE(v.get<double>(), 0) << k;
+        if (k != "total" && k != "other") sum += v.get<double>();
+      }
+      const double total = j["total"].get<double>();
+      EXPECT_NEAR(total, span == std::string("prefill") ? p["timings"]["prefill_s"].get<double>()
+                                                        : p["timings"]["decode_s"].get<double>(),
+                  1e-12);
+      EXPECT_LE(sum, total) << j.dump();
+      EXPECT_NEAR(sum + j["other"].get<double>(), total, 1e-9) << j.dump();
+      for (const char* st : {"embed", "attn_qkv", "attn_core", "attn_out", "route", "expand", "gemm1", "gemm2",
+                             "combine", "lm_head", "sample"})
+        EXPECT_GT(j[st].get<double>(), 0) << name << " " << span << " " << st;
+      EXPECT_EQ(j["shared"].get<double>() > 0, std::string(name) == "deepseek_v3") << name << " " << span;
+    }
   }
 }
 

@@ -80,6 +80,7 @@ struct GenOpts {
   uint64_t seed = 0;
   bool ignore_eos = false, quiet = false, no_special = false, show_special = false;
   bool warmup = false;  // --warmup: one untimed generation first (as llama-bench's warmup run)
+  bool profile = false;  // --profile: time per stage of the steps (core/stage_profile.h)
   std::string output_json;
   std::string expert_load_out;  // --expert-load-out: moe/placement_file.h's load file
   // Text prompts (any of them needs the tokenizer of --model).
@@ -88,6 +89,34 @@ struct GenOpts {
   ChatFlags chat;
   bool text_mode() const { return !prompts.empty() || !chats.empty() || !chat_file.empty(); }
 };
+
+// --profile: the stages' seconds plus "other" (the span's wall time they leave) and "total".
+nlohmann::json profile_json(const prof::Totals& t, double total_s) {
+  nlohmann::json j = nlohmann::json::object();
+  double sum = 0;
+  for (int i = 0; i < prof::kStages; ++i) {
+    j[std::string(prof::kStageNames[i])] = t[i];
+    sum += t[i];
+  }
+  j["other"] = std::max(0.0, total_s - sum);
+  j["total"] = total_s;
+  return j;
+}
+
+// One line per span on stderr: ms per step (per = steps, or 1 for the whole prefill) and
+// the share of the span, largest first; stages that took no time are left out.
+void print_profile(const char* what, const prof::Totals& t, double total_s, int64_t tokens, int64_t per) {
+  if (total_s <= 0 || per <= 0) return;
+  const nlohmann::json j = profile_json(t, total_s);
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto& [k, v] : j.items())
+    if (k != "total" && v.get<double>() > 0) rows.emplace_back(v.get<double>(), k);
+  std::sort(rows.begin(), rows.end(), std::greater<>());
+  std::string line;
+  for (const auto& [v, k] : rows) line += fmt::format(", {} {:.3f} ({:.1f} %)", k, 1e3 * v / per, 100 * v / total_s);
+  fmt::print(stderr, "moe-ep generate: profile of the {} ({} tokens{}), ms{}: total {:.3f}{}\n", what, tokens,
+             per > 1 ? fmt::format(", {} steps", per) : "", per > 1 ? " per step" : "", 1e3 * total_s / per, line);
+}
 
 // The batch of a text-mode `generate`: --prompt texts, then --chat messages, then the
 // --chat-file conversation, in that order.
@@ -154,6 +183,7 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
       return piece.stopped;
     };
   }
+  prof::set_enabled(g.profile);
   if (g.warmup) {
     // The same generation once, untimed and unprinted: fresh buffers are faulted in and
     // caches warm, as llama-bench's warmup run does before it times. The timed run below
@@ -203,6 +233,10 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
         r.prefill_tokens, r.prefill_s * 1e3, pre_tps, r.decode_tokens, r.decode_steps, r.decode_s * 1e3, dec_tps,
         spread_s, L.load_s, num_threads());
   }
+  if (g.profile) {  // asked for: printed under --quiet too
+    print_profile("prefill", r.prefill_stages, r.prefill_s, r.prefill_tokens, 1);
+    print_profile("decode", r.decode_stages, r.decode_s, r.decode_tokens, r.decode_steps);
+  }
   if (!g.output_json.empty()) {
     nlohmann::json j;
     j["model_type"] = L.model->config().model_type;
@@ -223,6 +257,9 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
                     {"decode_tokens", r.decode_tokens},
                     {"decode_steps", r.decode_steps},
                     {"decode_tokens_per_s", dec_tps}};
+    if (g.profile)
+      j["profile_s"] = {{"prefill", profile_json(r.prefill_stages, r.prefill_s)},
+                        {"decode", profile_json(r.decode_stages, r.decode_s)}};
     j["expert_load"] = r.expert_load;
     j["expert_load_max_over_mean"] = spread;
     if (r.eplb)
@@ -310,6 +347,12 @@ std::vector<Verb> add_model_verbs(CLI::App& app) {
                  "Run the whole generation once, untimed and unprinted, before the one that is timed and printed "
                  "(as llama-bench's warmup run): the timings then leave out first-touch page faults of fresh "
                  "buffers and cold caches");
+    gc->add_flag("--profile", g->profile,
+                 "Time each stage of the steps (embedding, q/k/v projections, attention over the cache, o_proj, "
+                 "routing, expert row gathering, the experts' two GEMMs and the quantisation between them, "
+                 "combine, shared experts, lm_head, sampling; the rest as 'other') and print each one's time and "
+                 "share, for the prefill and per decode step, on stderr (and under 'profile_s' in --output-json). "
+                 "Wall time on rank 0: a stage that does not get faster with --threads shows here");
     gc->add_flag("--ignore-eos", g->ignore_eos,
                  "Keep generating after an EOS token (eos_token_id of the config, and with text prompts the "
                  "tokenizer's eos token, e.g. the end-of-turn token of chat models)");

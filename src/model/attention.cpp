@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/stage_profile.h"
 #include "model/attention_kernels.h"
 #include "model/registry.h"
 
@@ -214,11 +215,15 @@ void GqaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   float* k = AttnScratch::ensure(s.k, T * nkv);
   float* v = AttnScratch::ensure(s.v, T * nkv);
   float* ctx = AttnScratch::ensure(s.ctx, T * nq);
-  linear_forward_shared({{&q_, q}, {&k_, k}, {&v_, v}}, x, T, s.lin);
+  {
+    prof::Scope ps(prof::kAttnQkv);
+    linear_forward_shared({{&q_, q}, {&k_, k}, {&v_, v}}, x, T, s.lin);
+  }
   if (q_norm_.defined()) {
     rms_norm(q, q_norm_.data<float>(), T * n_heads_, hd, eps_, q);
     rms_norm(k, k_norm_.data<float>(), T * n_kv_, hd, eps_, k);
   }
+#pragma omp parallel for schedule(static) if (T > 1 && T * (nq + nkv) >= kRowParallelElems)
   for (int64_t t = 0; t < T; ++t) {
     rope_.apply(q + t * nq, n_heads_, hd, *c.rope, t);
     rope_.apply(k + t * nkv, n_kv_, hd, *c.rope, t);
@@ -252,7 +257,11 @@ void GqaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   aa.n_kv = n_kv_;
   aa.head_dim = hd;
   aa.scale = static_cast<float>(scale_);
-  gqa_attend(aa);
+  {
+    prof::Scope ps(prof::kAttnCore);
+    gqa_attend(aa);
+  }
+  prof::Scope ps(prof::kAttnOut);
   linear_forward(o_, ctx, T, out, s.lin);
 }
 
@@ -301,13 +310,16 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   float* q = AttnScratch::ensure(s.q, T * nq);
   float* kv = AttnScratch::ensure(s.k, T * (L + R));
   if (q_lora_ > 0) {
+    prof::Scope ps(prof::kAttnQkv);
     float* qa = AttnScratch::ensure(s.tmp, T * q_lora_);
     linear_forward_shared({{&q_a_, qa}, {&kv_a_, kv}}, x, T, s.lin);
     rms_norm(qa, q_a_norm_.data<float>(), T, q_lora_, eps_, qa);
     linear_forward(q_b_, qa, T, q, s.lin);
   } else {
+    prof::Scope ps(prof::kAttnQkv);
     linear_forward_shared({{&q_, q}, {&kv_a_, kv}}, x, T, s.lin);
   }
+#pragma omp parallel for schedule(static) if (T > 1 && T * (nq + L + R) >= kRowParallelElems)
   for (int64_t t = 0; t < T; ++t) {
     float* row = kv + t * (L + R);
     rms_norm(row, kv_a_norm_.data<float>(), 1, L, eps_, row);
@@ -327,30 +339,34 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   const KvCache& cache = *c.cache;
   const bool bf16 = cache.dtype() == DType::BF16;
   // Small steps run on one thread: waking a team costs more than the work.
-#pragma omp parallel if (T * n_heads_ * max_seq * L >= (int64_t{1} << 18))
   {
-    std::vector<float> sc(max_seq), q_lat(L), o_lat(L);
+    prof::Scope ps(prof::kAttnCore);
+#pragma omp parallel if (T * n_heads_ * max_seq * L >= (int64_t{1} << 18))
+    {
+      std::vector<float> sc(max_seq), q_lat(L), o_lat(L);
 #pragma omp for schedule(dynamic) collapse(2)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < n_heads_; ++h) {
-        const SeqSpan& sp = b.seqs[seq[t]];
-        const int64_t n_ctx = b.positions[t] + 1;
-        const float* qn = q + t * nq + h * qk;  // q_nope [nope], then q_pe [R]
-        const float* uk = w_uk_.data<float>() + h * nope_ * L;
-        std::fill(q_lat.begin(), q_lat.end(), 0.f);
-        for (int64_t n = 0; n < nope_; ++n)
-          for (int64_t l = 0; l < L; ++l) q_lat[l] += qn[n] * uk[n * L + l];
-        if (bf16)
-          mla_latent_attend<uint16_t>(cache, c.layer, sp.slot, n_ctx, q_lat.data(), qn + nope_, scale, sc.data(),
-                                      o_lat.data());
-        else
-          mla_latent_attend<float>(cache, c.layer, sp.slot, n_ctx, q_lat.data(), qn + nope_, scale, sc.data(),
-                                   o_lat.data());
-        const float* uv = w_uv_.data<float>() + h * v_dim_ * L;
-        float* o = ctx + (t * n_heads_ + h) * v_dim_;
-        for (int64_t d = 0; d < v_dim_; ++d) o[d] = dot(uv + d * L, o_lat.data(), L);
-      }
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < n_heads_; ++h) {
+          const SeqSpan& sp = b.seqs[seq[t]];
+          const int64_t n_ctx = b.positions[t] + 1;
+          const float* qn = q + t * nq + h * qk;  // q_nope [nope], then q_pe [R]
+          const float* uk = w_uk_.data<float>() + h * nope_ * L;
+          std::fill(q_lat.begin(), q_lat.end(), 0.f);
+          for (int64_t n = 0; n < nope_; ++n)
+            for (int64_t l = 0; l < L; ++l) q_lat[l] += qn[n] * uk[n * L + l];
+          if (bf16)
+            mla_latent_attend<uint16_t>(cache, c.layer, sp.slot, n_ctx, q_lat.data(), qn + nope_, scale, sc.data(),
+                                        o_lat.data());
+          else
+            mla_latent_attend<float>(cache, c.layer, sp.slot, n_ctx, q_lat.data(), qn + nope_, scale, sc.data(),
+                                     o_lat.data());
+          const float* uv = w_uv_.data<float>() + h * v_dim_ * L;
+          float* o = ctx + (t * n_heads_ + h) * v_dim_;
+          for (int64_t d = 0; d < v_dim_; ++d) o[d] = dot(uv + d * L, o_lat.data(), L);
+        }
+    }
   }
+  prof::Scope ps(prof::kAttnOut);
   linear_forward(o_, ctx, T, out, s.lin);
 }
 

@@ -133,6 +133,11 @@ void linear_forward_shared(std::initializer_list<LinearOut> outs, const float* x
 // y[T, n] = w * x / sqrt(mean(x^2) + eps), in f32 as HF does (y may alias x).
 void rms_norm(const float* x, const float* w, int64_t T, int64_t n, double eps, float* y);
 
+// Row-wise work (norms, RoPE, residual adds, embedding rows) of at least this many
+// elements goes over the threads (~10 us of one core's work: below it, waking the team
+// costs more). Each row is computed as it is alone, so the bits do not depend on it.
+inline constexpr int64_t kRowParallelElems = int64_t{1} << 15;
+
 // Rotary tables for one step: cos/sin [T, dim/2] of each token's position, already
 // multiplied by the rope attention factor (YaRN).
 struct RopeTables {

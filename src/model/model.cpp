@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "core/stage_profile.h"
 #include "loader/checkpoint.h"
 #include "loader/fp8_weights.h"
 #include "loader/gguf/gguf_types.h"
@@ -436,6 +437,12 @@ Tensor& step_buffer(Tensor& t, int64_t rows, int64_t cols) {
   return t;
 }
 
+// h += d over n floats; a prompt's (4 MB at 512 x 2048) over the threads.
+void add_residual(float* h, const float* d, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= 2 * kRowParallelElems)
+  for (int64_t i = 0; i < n; ++i) h[i] += d[i];
+}
+
 }  // namespace
 
 EpStats Model::ep_stats() const {
@@ -466,19 +473,26 @@ Tensor Model::forward(const StepBatch& b) {
               sp.slot >= 0 && sp.slot < cache_.n_slots() ? cache_.capacity(sp.slot) : 0);
   float* hp = step_buffer(step_h_, T, H).data<float>();
   const size_t esz = dtype_size(embed_.dtype());
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t id = b.tokens[t];
-    MOE_CHECK(id >= 0 && id < V, "token id {} is out of vocabulary (vocab_size {})", id, V);
-    if (id < vocab_.first || id >= vocab_.second) {  // another rank's row (--attn-tp): summed below
-      std::fill(hp + t * H, hp + (t + 1) * H, 0.f);
-      continue;
+  for (int64_t t = 0; t < T; ++t)
+    MOE_CHECK(b.tokens[t] >= 0 && b.tokens[t] < V, "token id {} is out of vocabulary (vocab_size {})", b.tokens[t],
+              V);
+  {
+    prof::Scope ps(prof::kEmbed);
+    // Rows of 2048 from a Q4_K/Q6_K table cost ~2 us each on one core: a prompt's go over the threads.
+#pragma omp parallel for schedule(static) if (T > 1 && T * H >= kRowParallelElems)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t id = b.tokens[t];
+      if (id < vocab_.first || id >= vocab_.second) {  // another rank's row (--attn-tp): summed below
+        std::fill(hp + t * H, hp + (t + 1) * H, 0.f);
+        continue;
+      }
+      const size_t row = static_cast<size_t>(id - vocab_.first);
+      if (embed_ggml_ >= 0)
+        gguf::dequantize_row(static_cast<gguf::GgmlType>(embed_ggml_),
+                             static_cast<const char*>(embed_.raw()) + row * embed_row_bytes_, hp + t * H, H);
+      else
+        convert_to_f32(static_cast<const char*>(embed_.raw()) + row * H * esz, embed_.dtype(), hp + t * H, H);
     }
-    const size_t row = static_cast<size_t>(id - vocab_.first);
-    if (embed_ggml_ >= 0)
-      gguf::dequantize_row(static_cast<gguf::GgmlType>(embed_ggml_),
-                           static_cast<const char*>(embed_.raw()) + row * embed_row_bytes_, hp + t * H, H);
-    else
-      convert_to_f32(static_cast<const char*>(embed_.raw()) + row * H * esz, embed_.dtype(), hp + t * H, H);
   }
   // Each row is one rank's values plus zeros: the sum is exact (a -0 embedding value
   // comes back +0, which changes no later value).
@@ -498,20 +512,22 @@ Tensor Model::forward(const StepBatch& b) {
     if (L.mla) L.mla->forward(ctx, xp, tp, attn_s_);
     else L.gqa->forward(ctx, xp, tp, attn_s_);
     if (tp_) tp_->all_reduce_sum(tp, static_cast<size_t>(T * H));  // row-parallel o_proj
-    for (int64_t i = 0; i < T * H; ++i) hp[i] += tp[i];
+    add_residual(hp, tp, T * H);
     rms_norm(hp, L.post_norm.data<float>(), T, H, cfg_.rms_eps, xp);
     mlp(L, l, xn, tp);
-    for (int64_t i = 0; i < T * H; ++i) hp[i] += tp[i];
+    add_residual(hp, tp, T * H);
   }
   const int64_t n = static_cast<int64_t>(b.logit_rows.size());
   Tensor& last = step_buffer(step_last_, n, H);
   for (int64_t i = 0; i < n; ++i)
     rms_norm(hp + b.logit_rows[i] * H, final_norm_.data<float>(), 1, H, cfg_.rms_eps, last.data<float>() + i * H);
   Tensor logits = Tensor::empty({n, V}, DType::F32);
-  if (!attn_tp_) {
-    linear_forward(lm_head_, last.data<float>(), n, logits.data<float>(), lin_s_);
-  } else {
-    gather_vocab_logits(last.data<float>(), n, b.logit_top_k, logits.data<float>());
+  {
+    prof::Scope ps(prof::kLmHead);
+    if (!attn_tp_)
+      linear_forward(lm_head_, last.data<float>(), n, logits.data<float>(), lin_s_);
+    else
+      gather_vocab_logits(last.data<float>(), n, b.logit_top_k, logits.data<float>());
   }
   if (eplb_) eplb_->after_step(expert_load_);
   return logits;

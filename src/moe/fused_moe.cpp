@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/stage_profile.h"
 #include "kernels/quant.h"
 
 namespace moe {
@@ -39,7 +40,10 @@ void run_experts(const ExpertsParams& p, MoeScratch& s) {
   g1.c_dtype = q8 ? DType::F32 : p.w2->act_dtype();
   g1.ldc = I;
   g1.act = p.act;
-  grouped_gemm(g1);
+  {
+    prof::Scope ps(prof::kGemm1);
+    grouped_gemm(g1);
+  }
 
   const void* a2 = inter.raw();
   if (q8) {
@@ -55,6 +59,7 @@ void run_experts(const ExpertsParams& p, MoeScratch& s) {
     qp.static_scale = p.w2->act_scale.defined() ? p.w2->act_scale.data<float>() : nullptr;
     qp.dst = iq.raw();
     qp.ld_dst = q8_row_bytes(I);
+    prof::Scope ps(prof::kActQuant);
     quantize_rows_q8(qp);
     a2 = iq.raw();
   }
@@ -67,6 +72,7 @@ void run_experts(const ExpertsParams& p, MoeScratch& s) {
   g2.c = p.out;
   g2.c_dtype = DType::F32;
   g2.ldc = H;
+  prof::Scope ps(prof::kGemm2);
   grouped_gemm(g2);
 }
 
@@ -215,6 +221,7 @@ const float* MoeLayer::x_as_f32(const Tensor& x, MoeScratch& s) {
 }
 
 void MoeLayer::route(const Tensor& x, Routing& r) {
+  prof::Scope ps(prof::kRoute);
   const int64_t T = x.dim(0), E = cfg_.n_experts, k = cfg_.top_k;
   r.weights.resize(T * k);
   r.ids.resize(T * k);
@@ -254,6 +261,7 @@ void MoeLayer::shared_experts(const Tensor& x, float* y, bool accumulate) {
   if (!w_.shared) return;
   const int64_t T = x.dim(0), H = cfg_.hidden_size;
   if (T == 0) return;
+  prof::Scope ps(prof::kShared);
   float* dst = y;
   if (accumulate) {
     shared_tmp_ = MoeScratch::ensure(shared_tmp_, T, H, DType::F32);
@@ -292,11 +300,14 @@ void MoeLayer::routed_partial(const Tensor& x, const Routing& r, float* y) {
   ep.expert_end = e;
   ep.out = a.raw();
   ep.out_dtype = ct;
-  if (quantized())  // expand + smooth + quantise in one pass
-    expand_quantize_q8(ep, w_.w13.smooth.defined() ? w_.w13.smooth.data<float>() : nullptr,
-                       w_.w13.act_scale.defined() ? w_.w13.act_scale.data<float>() : nullptr);
-  else
-    expand(ep);
+  {
+    prof::Scope ps(prof::kExpand);
+    if (quantized())  // expand + smooth + quantise in one pass
+      expand_quantize_q8(ep, w_.w13.smooth.defined() ? w_.w13.smooth.data<float>() : nullptr,
+                         w_.w13.act_scale.defined() ? w_.w13.act_scale.data<float>() : nullptr);
+    else
+      expand(ep);
+  }
 
   // Expert offsets relative to this layer's first row.
   std::vector<int64_t>& offsets = local_offsets_;  // reused: no allocation per call
@@ -323,6 +334,7 @@ void MoeLayer::routed_partial(const Tensor& x, const Routing& r, float* y) {
   cp.hidden = H;
   cp.y = y;
   MOE_DCHECK(r.index.n_tokens == x.dim(0));
+  prof::Scope ps(prof::kCombine);
   combine(cp);
 }
 

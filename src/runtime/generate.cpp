@@ -129,14 +129,18 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
     // vocabulary-parallel lm_head the ranks then send their best few, not their slices.
     if (!opt.keep_logits) b.logit_top_k.assign(b.logit_rows.size(), gathered_top_k(opt.sampling, V - Vs));
     const double t0 = now_s();
+    const prof::Totals stages0 = prof::snapshot();
     const Tensor logits = m.forward(b);  // [emit.size(), V]
     commit_step(run);
     run = std::move(emit);
     std::vector<int32_t> picked(run.size());
-    for (size_t i = 0; i < run.size(); ++i) {
-      const float* lg = logits.data<float>() + i * V;
-      picked[i] = sample_token(lg, Vs, opt.sampling, run[i]->id, run[i]->n_generated());
-      if (opt.keep_logits) res.step_logits[run[i]->id].insert(res.step_logits[run[i]->id].end(), lg, lg + V);
+    {
+      prof::Scope ps(prof::kSample);
+      for (size_t i = 0; i < run.size(); ++i) {
+        const float* lg = logits.data<float>() + i * V;
+        picked[i] = sample_token(lg, Vs, opt.sampling, run[i]->id, run[i]->n_generated());
+        if (opt.keep_logits) res.step_logits[run[i]->id].insert(res.step_logits[run[i]->id].end(), lg, lg + V);
+      }
     }
     // picked[n + i] = 1: request i stops here (the leader's on_token said so).
     const size_t n = run.size();
@@ -153,6 +157,9 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
         s.done = true;
     }
     const double dt = now_s() - t0;
+    const prof::Totals stages1 = prof::snapshot();
+    prof::Totals& bucket = prefill ? res.prefill_stages : res.decode_stages;
+    for (int i = 0; i < prof::kStages; ++i) bucket[i] += stages1[i] - stages0[i];
     if (prefill) {
       res.prefill_s += dt;
       res.prefill_tokens += b.n_tokens();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -23,14 +24,32 @@ double counter_uniform(uint64_t seed, uint64_t request, uint64_t step) {
   return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
 }
 
+int32_t greedy_token(const float* logits, int64_t V) {
+  // The first logit_before-best id, in two passes the compiler vectorises: the largest
+  // sort key (16 running maxima: a max has no rounding, so any grouping gives the same
+  // value), then the first id holding it. The one-pass scan carried `best` from each
+  // compare to the next: 85 us for 32000 logits, 4 % of a 16-thread decode step.
+  constexpr int kLanes = 16;
+  float m[kLanes];
+  for (int l = 0; l < kLanes; ++l) m[l] = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= V; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const float k = sort_key(logits[i + l]);
+      m[l] = k > m[l] ? k : m[l];
+    }
+  float best = -std::numeric_limits<float>::infinity();
+  for (; i < V; ++i) best = std::max(best, sort_key(logits[i]));
+  for (int l = 0; l < kLanes; ++l) best = std::max(best, m[l]);
+  // -0 == +0 and NaN's key is -inf, as in logit_before: the lowest id among equals wins.
+  for (int64_t j = 0; j < V; ++j)
+    if (sort_key(logits[j]) == best) return static_cast<int32_t>(j);
+  return 0;
+}
+
 int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, uint64_t request, uint64_t step) {
   MOE_CHECK(V > 0, "internal: empty logits");
-  if (p.greedy()) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < V; ++i)
-      if (logit_before(logits, i, best)) best = i;
-    return best;
-  }
+  if (p.greedy()) return greedy_token(logits, V);
   MOE_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got {}", p.top_p);
   MOE_CHECK(p.top_k >= 0, "--top-k must not be negative, got {}", p.top_k);
   std::vector<int32_t> order(V);

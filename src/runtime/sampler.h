@@ -48,6 +48,10 @@ inline int32_t gathered_top_k(const SamplingParams& p, int64_t padding) {
   return static_cast<int32_t>(std::min<int64_t>(k + padding, std::numeric_limits<int32_t>::max()));
 }
 
+// The greedy pick: the first id in logit_before order (highest logit, NaN lowest, ties to
+// the lower id).
+int32_t greedy_token(const float* logits, int64_t V);
+
 // Picks a token from logits[V]. Deterministic for the same inputs. Only the
 // max(top_k, 1) best logits in that order matter when top_k > 0 or greedy (a row that
 // holds -inf elsewhere gives the same token).
