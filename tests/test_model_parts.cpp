@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 
 #include "loader/checkpoint.h"
 #include "loader/safetensors.h"
@@ -272,9 +273,9 @@ TEST(ModelCli, GenerateMatchesGreedyAndWritesJson) {
 }
 
 // --threads wins, else OMP_NUM_THREADS, else the cores. --profile: every stage's time,
-// stages plus "other" make the span's total, the stages a model runs take time and the
-// ones it lacks none (qwen3_moe has no shared experts, deepseek_v3 has; MLA attention),
-// and profiling changes no generated id.
+// stages plus "other" make the span's total, each stage is entered as often as the model
+// runs it (qwen3_moe has no shared experts, deepseek_v3 has; MLA attention), and
+// profiling changes no generated id.
 TEST(ModelCli, ThreadsAndProfile) {
   const std::string bin = MOE_EP_BINARY;
   test::TempDir tmp;
@@ -311,10 +312,21 @@ TEST(ModelCli, ThreadsAndProfile) {
                   1e-12);
       EXPECT_LE(sum, total) << j.dump();
       EXPECT_NEAR(sum + j["other"].get<double>(), total, 1e-9) << j.dump();
-      for (const char* st : {"embed", "attn_qkv", "attn_core", "attn_out", "route", "expand", "gemm1", "gemm2",
-                             "combine", "lm_head", "sample"})
-        EXPECT_GT(j[st].get<double>(), 0) << name << " " << span << " " << st;
-      EXPECT_EQ(j["shared"].get<double>() > 0, std::string(name) == "deepseek_v3") << name << " " << span;
+      EXPECT_GT(total, 0);
+      // Entries per stage, exactly: both fixtures have 3 layers, 2 of them MoE (qwen3_moe's
+      // mlp_only_layers [1], deepseek_v3's first_k_dense_replace 1); a dense MLP's GEMMs
+      // count as gemm1/gemm2, the shared experts' GEMMs as "shared" (deepseek_v3's only).
+      const int64_t steps = span == std::string("prefill") ? 1 : 3, layers = 3, moe = 2;
+      const bool shared = std::string(name) == "deepseek_v3";
+      const std::map<std::string, int64_t> want = {
+          {"embed", steps},             {"attn_qkv", steps * layers}, {"attn_core", steps * layers},
+          {"attn_out", steps * layers}, {"route", steps * moe},       {"expand", steps * moe},
+          {"gemm1", steps * layers},    {"act_quant", 0},             {"gemm2", steps * layers},
+          {"combine", steps * moe},     {"shared", shared ? steps * moe : 0},
+          {"lm_head", steps},           {"sample", steps}};
+      const auto& calls = p["profile_calls"][span];
+      ASSERT_EQ(calls.size(), want.size()) << calls.dump();
+      for (const auto& [st, n] : want) EXPECT_EQ(calls[st].get<int64_t>(), n) << name << " " << span << " " << st;
     }
   }
 }

@@ -95,8 +95,8 @@ nlohmann::json profile_json(const prof::Totals& t, double total_s) {
   nlohmann::json j = nlohmann::json::object();
   double sum = 0;
   for (int i = 0; i < prof::kStages; ++i) {
-    j[std::string(prof::kStageNames[i])] = t[i];
-    sum += t[i];
+    j[std::string(prof::kStageNames[i])] = t.s[i];
+    sum += t.s[i];
   }
   j["other"] = std::max(0.0, total_s - sum);
   j["total"] = total_s;
@@ -257,9 +257,16 @@ int run_generate(const CommonOpts& o, const GenOpts& g) {
                     {"decode_tokens", r.decode_tokens},
                     {"decode_steps", r.decode_steps},
                     {"decode_tokens_per_s", dec_tps}};
-    if (g.profile)
+    if (g.profile) {
       j["profile_s"] = {{"prefill", profile_json(r.prefill_stages, r.prefill_s)},
                         {"decode", profile_json(r.decode_stages, r.decode_s)}};
+      auto calls = [](const prof::Totals& t) {
+        nlohmann::json c = nlohmann::json::object();
+        for (int i = 0; i < prof::kStages; ++i) c[std::string(prof::kStageNames[i])] = t.calls[i];
+        return c;
+      };
+      j["profile_calls"] = {{"prefill", calls(r.prefill_stages)}, {"decode", calls(r.decode_stages)}};
+    }
     j["expert_load"] = r.expert_load;
     j["expert_load_max_over_mean"] = spread;
     if (r.eplb)
@@ -351,7 +358,8 @@ std::vector<Verb> add_model_verbs(CLI::App& app) {
                  "Time each stage of the steps (embedding, q/k/v projections, attention over the cache, o_proj, "
                  "routing, expert row gathering, the experts' two GEMMs and the quantisation between them, "
                  "combine, shared experts, lm_head, sampling; the rest as 'other') and print each one's time and "
-                 "share, for the prefill and per decode step, on stderr (and under 'profile_s' in --output-json). "
+                 "share, for the prefill and per decode step, on stderr (and under 'profile_s', with each stage's "
+                 "number of calls under 'profile_calls', in --output-json). "
                  "Wall time on rank 0: a stage that does not get faster with --threads shows here");
     gc->add_flag("--ignore-eos", g->ignore_eos,
                  "Keep generating after an EOS token (eos_token_id of the config, and with text prompts the "

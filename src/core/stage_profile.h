@@ -39,11 +39,26 @@ inline constexpr std::array<std::string_view, kStages> kStageNames = {
     "embed",  "attn_qkv", "attn_core", "attn_out", "route",   "expand", "gemm1",
     "act_quant", "gemm2", "combine",   "shared",   "lm_head", "sample"};
 
-using Totals = std::array<double, kStages>;  // seconds per stage
+// Seconds and timed entries per stage: the totals so far (snapshot()), or a span's (the
+// difference of two snapshots, summed over steps).
+struct Totals {
+  std::array<double, kStages> s{};
+  std::array<int64_t, kStages> calls{};
+  Totals& operator+=(const Totals& o) {
+    for (int i = 0; i < kStages; ++i) s[i] += o.s[i], calls[i] += o.calls[i];
+    return *this;
+  }
+  Totals operator-(const Totals& o) const {
+    Totals d = *this;
+    for (int i = 0; i < kStages; ++i) d.s[i] -= o.s[i], d.calls[i] -= o.calls[i];
+    return d;
+  }
+};
 
 namespace detail {
 inline std::atomic<bool> g_on{false};
-inline std::array<std::atomic<int64_t>, kStages> g_ns{};  // nanoseconds per stage
+inline std::array<std::atomic<int64_t>, kStages> g_ns{};     // nanoseconds per stage
+inline std::array<std::atomic<int64_t>, kStages> g_calls{};  // timed entries per stage
 inline thread_local bool tl_in_stage = false;  // a Scope of this thread is timing
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -54,10 +69,12 @@ inline int64_t now_ns() {
 inline void set_enabled(bool on) { detail::g_on.store(on, std::memory_order_relaxed); }
 inline bool enabled() { return detail::g_on.load(std::memory_order_relaxed); }
 
-// The totals so far (seconds per stage). Differences of two snapshots give a span's.
 inline Totals snapshot() {
-  Totals t{};
-  for (int i = 0; i < kStages; ++i) t[i] = 1e-9 * static_cast<double>(detail::g_ns[i].load(std::memory_order_relaxed));
+  Totals t;
+  for (int i = 0; i < kStages; ++i) {
+    t.s[i] = 1e-9 * static_cast<double>(detail::g_ns[i].load(std::memory_order_relaxed));
+    t.calls[i] = detail::g_calls[i].load(std::memory_order_relaxed);
+  }
   return t;
 }
 
@@ -75,6 +92,7 @@ class Scope {
   ~Scope() {
     if (t0_ < 0) return;
     detail::g_ns[s_].fetch_add(detail::now_ns() - t0_, std::memory_order_relaxed);
+    detail::g_calls[s_].fetch_add(1, std::memory_order_relaxed);
     detail::tl_in_stage = false;
   }
   Scope(const Scope&) = delete;

@@ -157,9 +157,7 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
         s.done = true;
     }
     const double dt = now_s() - t0;
-    const prof::Totals stages1 = prof::snapshot();
-    prof::Totals& bucket = prefill ? res.prefill_stages : res.decode_stages;
-    for (int i = 0; i < prof::kStages; ++i) bucket[i] += stages1[i] - stages0[i];
+    (prefill ? res.prefill_stages : res.decode_stages) += prof::snapshot() - stages0;
     if (prefill) {
       res.prefill_s += dt;
       res.prefill_tokens += b.n_tokens();

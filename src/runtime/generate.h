@@ -56,7 +56,8 @@ struct GenerateResult {
   // keep_logits: [B][step * V + v] for the requests of this rank's replica (else empty rows)
   std::vector<std::vector<float>> step_logits;
   double prefill_s = 0, decode_s = 0;
-  // Seconds per stage of the prefill and the decode steps, when prof::enabled() (else 0).
+  // Seconds and entries per stage of the prefill and the decode steps, when
+  // prof::enabled() (else 0).
   prof::Totals prefill_stages{}, decode_stages{};
   int64_t prefill_tokens = 0, decode_tokens = 0, decode_steps = 0;  // summed over replicas
   // Tokens routed to each expert [layer][E], summed over replicas (when counted).
