@@ -338,9 +338,9 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   const float scale = static_cast<float>(scale_);
   const KvCache& cache = *c.cache;
   const bool bf16 = cache.dtype() == DType::BF16;
-  // Small steps run on one thread: waking a team costs more than the work.
   {
     prof::Scope ps(prof::kAttnCore);
+    // Small steps run on one thread: waking a team costs more than the work.
 #pragma omp parallel if (T * n_heads_ * max_seq * L >= (int64_t{1} << 18))
     {
       std::vector<float> sc(max_seq), q_lat(L), o_lat(L);
