@@ -22,7 +22,7 @@ expert load max/mean 1.54-1.61 against the real file's 1.51. What it takes:
     the prefix, the same for every token) swamp the embedding, with the same effect.
 Types: F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K (those of llama-quantize's BF16,
 Q8_0, Q4_0 and Q4_K_M files); another type is an error naming the tensor. Needs numpy
-(fill only). Deterministic: the same HDR gives the same OUT.
+(fill only). Deterministic: the same HDR and numpy version give the same OUT.
 """
 import os
 import struct
