@@ -273,7 +273,7 @@ TEST(ModelCli, GenerateMatchesGreedyAndWritesJson) {
 }
 
 // --threads wins, else OMP_NUM_THREADS, else the cores. --profile: every stage's time,
-// stages plus "other" make the span's total, each stage is entered as often as the model
+// the stages fit in the span's total, each stage is entered as often as the model
 // runs it (qwen3_moe has no shared experts, deepseek_v3 has; MLA attention), and
 // profiling changes no generated id.
 TEST(ModelCli, ThreadsAndProfile) {
@@ -310,8 +310,7 @@ TEST(ModelCli, ThreadsAndProfile) {
       EXPECT_NEAR(total, span == std::string("prefill") ? p["timings"]["prefill_s"].get<double>()
                                                         : p["timings"]["decode_s"].get<double>(),
                   1e-12);
-      EXPECT_LE(sum, total) << j.dump();
-      EXPECT_NEAR(sum + j["other"].get<double>(), total, 1e-9) << j.dump();
+      EXPECT_LE(sum, total) << j.dump();  // leaves: on one thread they fit in the span
       EXPECT_GT(total, 0);
       // Entries per stage, exactly: both fixtures have 3 layers, 2 of them MoE (qwen3_moe's
       // mlp_only_layers [1], deepseek_v3's first_k_dense_replace 1); a dense MLP's GEMMs

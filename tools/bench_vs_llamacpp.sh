@@ -238,8 +238,9 @@ done
 echo "(\$IDS_FILE: $PREFILL prompt ids, id j = (17 + 104729 j) mod ($VOCAB - 256))"
 [[ " ${JOBS[*]} " == *" moe w4a8 "* ]] && echo "(w4a8's bytes per token counted with --int4-group ${W4_GROUP:-32})"
 echo
-python3 - "$RES" "$CKPT" "$GGUF_DIR" "$FLOOR" "${BW0:-0}" "${BW1:-0}" "$PREFILL" "$DECODE" "${W4_GROUP:-32}" "$LINEARS" <<'EOF'
+PYTHONPATH="$REPO/tools" python3 - "$RES" "$CKPT" "$GGUF_DIR" "$FLOOR" "${BW0:-0}" "${BW1:-0}" "$PREFILL" "$DECODE" "${W4_GROUP:-32}" "$LINEARS" <<'EOF'
 import glob, json, os, statistics, struct, sys
+from gguf_refill import parse_header
 res, ckpt, gguf_dir, floor = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 bw = max(float(sys.argv[5] or 0), float(sys.argv[6] or 0))
 prefill, decode, w4_group = int(sys.argv[7]), int(sys.argv[8]), int(sys.argv[9])
@@ -289,34 +290,10 @@ def moe_bytes(mode):
     return total + (4.0 if os.environ.get("KV", "bf16") == "f32" else 2.0) * kv_elems  # moe-ep's KV dtype
 
 def gguf_infos(path):
-    """(name, ggml dims, stored bytes) of each tensor of a GGUF."""
+    """(name, ggml dims, stored bytes) of each tensor of a GGUF: tools/gguf_refill.py's
+    header parser; a tensor's bytes run to the next one's offset (or the file's end)."""
     with open(path, "rb") as f:
-        data = f.read(64 << 20)
-    o = 0
-    def rd(fmt):
-        nonlocal o
-        v = struct.unpack_from("<" + fmt, data, o); o += struct.calcsize("<" + fmt); return v[0]
-    def rstr():
-        nonlocal o
-        n = rd("Q"); s = data[o:o + n].decode("utf-8", "replace"); o += n; return s
-    sizes = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-    def rval(t):
-        if t == 8: return rstr()
-        if t == 9:
-            et, n = rd("I"), rd("Q")
-            return [rval(et) for _ in range(n)]
-        return rd(sizes[t])
-    assert data[:4] == b"GGUF", path
-    o = 4
-    ver, n_t, n_kv = rd("I"), rd("Q"), rd("Q")
-    align = 32
-    for _ in range(n_kv):
-        k = rstr(); v = rval(rd("I"))
-        if k == "general.alignment": align = v
-    infos = []
-    for _ in range(n_t):
-        name = rstr(); nd = rd("I"); dims = [rd("Q") for _ in range(nd)]; ty = rd("I"); infos.append((name, dims, rd("Q"), ty))
-    start = (o + align - 1) // align * align
+        start, infos = parse_header(f.read(64 << 20))
     offs = sorted(i[2] for i in infos) + [os.path.getsize(path) - start]
     nxt = {a: b for a, b in zip(offs, offs[1:])}
     return [(name, dims, nxt[off] - off, ty) for name, dims, off, ty in infos]

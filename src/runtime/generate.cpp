@@ -129,7 +129,8 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
     // vocabulary-parallel lm_head the ranks then send their best few, not their slices.
     if (!opt.keep_logits) b.logit_top_k.assign(b.logit_rows.size(), gathered_top_k(opt.sampling, V - Vs));
     const double t0 = now_s();
-    const prof::Totals stages0 = prof::snapshot();
+    const bool profiling = prof::enabled();  // else no snapshots: nothing is timed
+    const prof::Totals stages0 = profiling ? prof::snapshot() : prof::Totals{};
     const Tensor logits = m.forward(b);  // [emit.size(), V]
     commit_step(run);
     run = std::move(emit);
@@ -157,7 +158,7 @@ GenerateResult generate(Model& m, const std::vector<std::vector<int32_t>>& promp
         s.done = true;
     }
     const double dt = now_s() - t0;
-    (prefill ? res.prefill_stages : res.decode_stages) += prof::snapshot() - stages0;
+    if (profiling) (prefill ? res.prefill_stages : res.decode_stages) += prof::snapshot() - stages0;
     if (prefill) {
       res.prefill_s += dt;
       res.prefill_tokens += b.n_tokens();
