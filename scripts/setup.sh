@@ -7,7 +7,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake
+  build-essential cmake pkg-config             # compilers; pkg-config finds the -dev libraries for CMake
   libfmt-dev nlohmann-json3-dev libcli11-dev   # formatting, JSON, command line
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and micro-benchmarks
   libopenmpi-dev openmpi-bin                   # ranks (expert parallelism)
