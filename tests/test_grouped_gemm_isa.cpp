@@ -5,7 +5,9 @@
 // that with std::fma -- and therefore each other, whatever the ISA. And a row's result
 // must not depend on which other rows share the call (batch invariance), on every ISA.
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -242,6 +244,98 @@ TEST(GroupedGemmIsa, ManyGemmsInOneRegionEqualEachAlone) {
             << isa_name(isa) << " GEMM " << i << " rows " << rows;
     }
   }
+}
+
+
+// A decode GEMV of f32 weights with fewer panels than threads (the router: 128 outputs, 2
+// panels) is cut into column windows of 32 or 16 columns; each column keeps its chain, so
+// every team size gives the bits of one thread, which for the FMA kernels are the
+// chain model's. Prefill rows and bf16 weights keep whole panels.
+TEST(GroupedGemmIsa, ColumnWindowsOfADecodeGemvEqualOneThreadBitForBit) {
+  struct Case {
+    int64_t n, k;
+    std::vector<int64_t> rows;  // per expert
+    int64_t windows_16;         // tasks at 16 threads: windows holding a valid column
+  };
+  const std::vector<Case> cases = {
+      {128, 2048, {1}, 8},     // the router of Qwen3-30B-A3B: 2 panels
+      {128, 256, {4}, 8},      // every row a decode task may have
+      {60, 33, {3}, 4},        // one panel, its last window part padding
+      {130, 100, {2, 1}, 18},  // 3 panels of 2 experts; the third holds 2 columns: 1 window
+  };
+  const int saved = omp_get_max_threads();
+  int windowed = 0;
+  uint32_t seed = 900;
+  for (const Case& cs : cases) {
+    const int64_t E = static_cast<int64_t>(cs.rows.size());
+    PackedExperts w = make_packed_experts(E, cs.n, cs.k, DType::F32, false);
+    std::vector<Tensor> wu;
+    for (int64_t e = 0; e < E; ++e) {
+      pack_expert(w, e, random_f32({cs.n, cs.k}, seed + static_cast<uint32_t>(e)));
+      wu.push_back(unpack_expert(w, e));
+    }
+    std::vector<int64_t> off(E + 1, 0);
+    for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + cs.rows[e];
+    const int64_t R = off[E];
+    const Tensor a = random_f32({R, cs.k}, seed + 50);
+    ++seed;
+    GroupedGemmParams p;
+    p.w = &w;
+    p.a = a.raw();
+    p.lda = cs.k;
+    p.offsets = off.data();
+    p.c_dtype = DType::F32;
+    p.ldc = cs.n;
+    Tensor out = Tensor::empty({R, cs.n}, DType::F32);
+    p.c = out.raw();
+    const int64_t panels = E * ((cs.n + 63) / 64);
+    EXPECT_EQ(grouped_gemm_task_count(p, 1), panels) << "n=" << cs.n;
+    EXPECT_EQ(grouped_gemm_task_count(p, 16), cs.windows_16) << "n=" << cs.n;
+    for (Isa isa : available_isas()) {
+      IsaScope scope(isa);
+      auto run = [&](int threads) {
+        omp_set_num_threads(threads);
+        std::fill_n(out.data<float>(), out.numel(), 7.0f);  // every column must be written
+        grouped_gemm(p);
+        omp_set_num_threads(saved);
+        return out.clone();
+      };
+      const Tensor one = run(1);
+      if (promises_fma_bits(isa, DType::F32)) {
+        std::vector<uint8_t> want;
+        for (int64_t e = 0; e < E; ++e)
+          for (int64_t r = off[e]; r < off[e + 1]; ++r) {
+            const std::vector<float> arow(a.data<float>() + r * cs.k, a.data<float>() + (r + 1) * cs.k);
+            fma_model_row(arow, wu[e], false, Activation::None, DType::F32, DType::F32, want);
+            ASSERT_EQ(std::memcmp(one.data<float>() + r * cs.n, want.data(), want.size()), 0)
+                << isa_name(isa) << " n=" << cs.n << " row " << r;
+          }
+      }
+      for (int threads : {2, 3, 5, 16}) {
+        if (grouped_gemm_task_count(p, threads) > panels) ++windowed;
+        const Tensor many = run(threads);
+        ASSERT_EQ(std::memcmp(many.raw(), one.raw(), one.nbytes()), 0)
+            << isa_name(isa) << " n=" << cs.n << " k=" << cs.k << " threads " << threads;
+      }
+    }
+  }
+  EXPECT_GT(windowed, 0);
+  // Not windowed: prefill rows, and weights other than f32.
+  PackedExperts w = make_packed_experts(1, 128, 64, DType::F32, false);
+  pack_expert(w, 0, random_f32({128, 64}, 5));
+  const std::vector<int64_t> prefill = {0, 5};
+  GroupedGemmParams p;
+  p.w = &w;
+  p.a = p.c = &w;  // not read: only the tasks are counted
+  p.lda = 64;
+  p.ldc = 128;
+  p.offsets = prefill.data();
+  EXPECT_EQ(grouped_gemm_task_count(p, 16), 2);
+  PackedExperts wb = make_packed_experts(1, 128, 64, DType::BF16, false);
+  const std::vector<int64_t> decode = {0, 1};
+  p.w = &wb;
+  p.offsets = decode.data();
+  EXPECT_EQ(grouped_gemm_task_count(p, 16), 2);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // W4A8: int4 group-quantised weights with Q8 activations (kernels/grouped_gemm_int4.h).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -272,6 +273,35 @@ TEST(GroupedGemmInt4, BatchInvariance) {
                                  batch * (N / 2) * 4))
             << isa_name(isa) << " rows [" << r0 << ", " << r0 + batch << ")";
       }
+  }
+}
+
+// Prefill tasks of int4 weights take 4 panels, fewer when the team is large for the
+// GEMM's panels (o_proj: 32 panels); the extent changes no bit: every team size gives the
+// reference's.
+TEST(GroupedGemmInt4, PrefillTasksNarrowOnALargeTeamWithTheSameBits) {
+  const PackedExperts w = make_i4({1, 2048, 256, false, 32, true}, 21);  // 32 panels
+  const int64_t rows = 37;
+  const std::vector<int64_t> offsets = {0, rows};
+  const std::vector<char> a = q8_rows(test::random_f32({rows, w.k}, 1.f, 22));
+  GroupedGemmParams p = params(w, a, offsets, DType::F32);
+  Tensor ref = Tensor::zeros({rows, w.n_out()}, DType::F32);
+  p.c = ref.raw();
+  grouped_gemm_reference(p);
+  EXPECT_EQ(grouped_gemm_task_count(p, 2), 8);    // 4 panels a task
+  EXPECT_EQ(grouped_gemm_task_count(p, 8), 16);   // 2
+  EXPECT_EQ(grouped_gemm_task_count(p, 16), 32);  // 1
+  const int saved = omp_get_max_threads();
+  for (Isa isa : test::available_isas()) {
+    test::IsaScope scope(isa);
+    for (int threads : {2, 8, 16}) {
+      Tensor got = Tensor::zeros({rows, w.n_out()}, DType::F32);
+      p.c = got.raw();
+      omp_set_num_threads(threads);
+      grouped_gemm(p);
+      omp_set_num_threads(saved);
+      ASSERT_EQ(0, std::memcmp(got.raw(), ref.raw(), ref.nbytes())) << isa_name(isa) << " threads " << threads;
+    }
   }
 }
 

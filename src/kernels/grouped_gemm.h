@@ -178,6 +178,9 @@ void grouped_gemm(const GroupedGemmParams& p);
 // same tasks and so the same bits, in one parallel region: one wake-up and one join of the
 // team instead of one per GEMM (the small k and v GEMVs of a decode step take microseconds).
 void grouped_gemm_many(std::span<const GroupedGemmParams> ps);
+// How many tasks grouped_gemm(p) makes for a team of `threads` (tests: that a few-panel
+// decode GEMV is cut into column windows when the team is larger than its panels).
+int64_t grouped_gemm_task_count(const GroupedGemmParams& p, int threads);
 
 // Plain reference: same contract, scalar loops over unpacked weights, f32 accumulation
 // in the order k = 0..K-1. Rounds the output to c_dtype like the kernel. I8: exact integer

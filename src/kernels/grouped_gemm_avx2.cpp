@@ -228,8 +228,41 @@ void widen_bf16_rows(const Job& j, int64_t row, int mr, std::vector<float>& scra
   }
 }
 
+// A column window (Job::col_windows): MR <= 4 decode rows x the NQ ymm of f32 panel
+// columns from 16 q0, the chains block's passes run, stored straight to C.
+template <int MR, int NQ>
+void f32_window(const Job& j, const Task& t, const ABlock& ab, const BPanel& panel, char* c0) {
+  alignas(32) float tile[MR * kPanel];
+  microkernel<Kind::F32, MR, NQ, kAvx2PrefetchBytes, _MM_HINT_T1>(panel, ab, 0, j.k, 2 * t.q0, false, tile);
+  const int64_t col0 = t.p0 * kPanel + kWindowCols * t.q0;
+  const size_t bytes = static_cast<size_t>(window_cols(j, t)) * sizeof(float);
+  for (int r = 0; r < MR; ++r)
+    std::memcpy(reinterpret_cast<float*>(c0 + r * j.ldc_bytes) + col0, tile + r * kPanel + kWindowCols * t.q0, bytes);
+}
+
+template <int NQ>
+void run_f32_window(const Job& j, const Task& t) {
+  static_assert(kDecodeMaxRows == 4, "the switch below covers 1..4 rows");
+  const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0;
+  ABlock ab;
+  ab.f32 = reinterpret_cast<const float*>(j.a + r0 * j.lda_bytes);
+  ab.lda = j.lda_bytes / 4;
+  BPanel panel;
+  panel.w = j.w + t.expert * j.expert_stride + t.p0 * j.panel_stride;
+  char* c = j.c + r0 * j.ldc_bytes;
+  switch (rows) {
+    case 1: f32_window<1, NQ>(j, t, ab, panel, c); break;
+    case 2: f32_window<2, NQ>(j, t, ab, panel, c); break;
+    case 3: f32_window<3, NQ>(j, t, ab, panel, c); break;
+    default: f32_window<4, NQ>(j, t, ab, panel, c); break;
+  }
+}
+
 template <Kind KD>
 void run_task(const Job& j, const Task& t) {
+  if constexpr (KD == Kind::F32) {
+    if (is_window(t)) return t.q1 - t.q0 == 1 ? run_f32_window<2>(j, t) : run_f32_window<4>(j, t);
+  }
   const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0;
   const int64_t per = j.gated ? kGateCols : kPanel;
   const int64_t S = KD == Kind::F32 ? j.k : (j.k + 1) / 2;  // k steps (256 B of panel each)

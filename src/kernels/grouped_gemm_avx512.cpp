@@ -165,8 +165,55 @@ void run_panel(const Job& j, int64_t expert, int64_t P, const char* panel) {
   }
 }
 
+// A column window (Job::col_windows): MR <= 4 decode rows x the NQ 16-column chunks from
+// q0 of one f32 panel, each column the chain microkernel runs (one fma per k, in order,
+// from zero), reading only the window's 64-byte pieces of each 256-byte k step.
+template <int MR, int NQ>
+void f32_window(const Job& j, const char* panel, const char* a0, int q0, char* c0, int64_t col0, int nv) {
+  const float* ar[MR];
+  for (int r = 0; r < MR; ++r) ar[r] = reinterpret_cast<const float*>(a0 + r * j.lda_bytes);
+  __m512 acc[MR][NQ];
+  for (int r = 0; r < MR; ++r)
+    for (int q = 0; q < NQ; ++q) acc[r][q] = _mm512_setzero_ps();
+  const char* base = panel + 64 * q0;
+  for (int64_t k = 0; k < j.k; ++k) {
+    const char* bp = base + k * 256;
+    __m512 b[NQ];
+    for (int q = 0; q < NQ; ++q) {
+      _mm_prefetch(bp + kPrefetchBytes + 64 * q, _MM_HINT_T1);
+      b[q] = _mm512_load_ps(bp + 64 * q);
+    }
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(ar[r][k]);
+      for (int q = 0; q < NQ; ++q) acc[r][q] = _mm512_fmadd_ps(a, b[q], acc[r][q]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int q = 0; q < NQ; ++q) store16(j, c0 + r * j.ldc_bytes, col0 + 16 * q, acc[r][q], col_mask(nv, 16 * q));
+}
+
+template <int NQ>
+void run_f32_window(const Job& j, const Task& t) {
+  static_assert(kDecodeMaxRows == 4, "the switch below covers 1..4 rows");
+  const int64_t r0 = j.offsets[t.expert], rows = j.offsets[t.expert + 1] - r0;
+  const char* panel = j.w + t.expert * j.expert_stride + t.p0 * j.panel_stride;
+  const char* a = j.a + r0 * j.lda_bytes;
+  char* c = j.c + r0 * j.ldc_bytes;
+  const int64_t col0 = t.p0 * kPanel + kWindowCols * t.q0;
+  const int nv = window_cols(j, t);
+  switch (rows) {
+    case 1: f32_window<1, NQ>(j, panel, a, t.q0, c, col0, nv); break;
+    case 2: f32_window<2, NQ>(j, panel, a, t.q0, c, col0, nv); break;
+    case 3: f32_window<3, NQ>(j, panel, a, t.q0, c, col0, nv); break;
+    default: f32_window<4, NQ>(j, panel, a, t.q0, c, col0, nv); break;
+  }
+}
+
 template <Kind KD>
 void run_task(const Job& j, const Task& t) {
+  if constexpr (KD == Kind::F32) {
+    if (is_window(t)) return t.q1 - t.q0 == 1 ? run_f32_window<1>(j, t) : run_f32_window<2>(j, t);
+  }
   for (int64_t P = t.p0; P < t.p1; ++P) run_panel<KD>(j, t.expert, P, j.w + t.expert * j.expert_stride + P * j.panel_stride);
 }
 

@@ -52,10 +52,13 @@ constexpr int kGenericMaxRows = 4;
 constexpr int kChunk = 16;  // columns per accumulator chunk: 16 x MR floats stay in registers
 
 // tile[r][0..63] = rows r of A x panel, f32. A is f32 (TA = float) or bf16 (TA = uint16_t).
+// Only the chunks [q0, q1) of 16 columns are computed (a column window: Task::q0, q1).
 template <class TA, int MR>
-void generic_block(const Job& j, const char* panel, const char* a0, float* tile) {
+void generic_block(const Job& j, const char* panel, const char* a0, float* tile, int q0 = 0,
+                   int q1 = kPanel / kChunk) {
+  static_assert(kChunk == kWindowCols, "a column window is whole chunks");
   const int64_t K = j.k;
-  for (int q = 0; q < kPanel / kChunk; ++q) {
+  for (int q = q0; q < q1; ++q) {
     float acc[MR][kChunk] = {};
     if constexpr (sizeof(TA) == 4) {
       const float* B = reinterpret_cast<const float*>(panel) + q * kChunk;
@@ -117,6 +120,22 @@ void generic_run_task(const Job& j, const Task& t) {
   const int64_t per = j.gated ? kGateCols : kPanel;
   const int64_t nb = (rows + kGenericMaxRows - 1) / kGenericMaxRows;
   alignas(64) float tile[kGenericMaxRows * kPanel];
+  if (is_window(t)) {  // decode rows (<= kGenericMaxRows) x part of one f32 panel, stored straight to C
+    const char* panel = j.w + t.expert * j.expert_stride + t.p0 * j.panel_stride;
+    const char* a = j.a + r0 * j.lda_bytes;
+    switch (rows) {
+      case 1: generic_block<TA, 1>(j, panel, a, tile, t.q0, t.q1); break;
+      case 2: generic_block<TA, 2>(j, panel, a, tile, t.q0, t.q1); break;
+      case 3: generic_block<TA, 3>(j, panel, a, tile, t.q0, t.q1); break;
+      default: generic_block<TA, 4>(j, panel, a, tile, t.q0, t.q1); break;
+    }
+    const int64_t col0 = t.p0 * kPanel + kWindowCols * t.q0;
+    const size_t bytes = static_cast<size_t>(window_cols(j, t)) * sizeof(float);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(reinterpret_cast<float*>(j.c + (r0 + r) * j.ldc_bytes) + col0, tile + r * kPanel + kWindowCols * t.q0,
+                  bytes);
+    return;
+  }
   for (int64_t P = t.p0; P < t.p1; ++P) {
     const char* panel = j.w + t.expert * j.expert_stride + P * j.panel_stride;
     const int nv = valid_cols(j, P);

@@ -106,12 +106,20 @@ struct Job {
   const uint16_t* i4_sb_m = nullptr;
   const int8_t* i4_sc = nullptr;
   const uint8_t* i4_mn = nullptr;
+  // f32 weights, plain (not gated) output in f32: a decode GEMM of fewer panels than
+  // threads (the router's 128 outputs are 2 panels) may be cut into column windows. Each
+  // output column's sum is one chain over k whoever computes it, so the bits do not change.
+  bool col_windows = false;
 };
 
-// One task: rows of `expert` x panels [p0, p1).
+// One task: rows of `expert` x panels [p0, p1). A column window (Job::col_windows) is a
+// decode task of one panel that computes only its 16-column chunks [q0, q1).
+inline constexpr int kWindowCols = 16;
+inline constexpr int kPanelWindows = kPanel / kWindowCols;
 struct Task {
   int32_t expert;
   int32_t p0, p1;
+  int8_t q0 = 0, q1 = kPanelWindows;
 };
 
 namespace {
@@ -120,6 +128,12 @@ inline int valid_cols(const Job& j, int64_t P) {
   const int64_t per = j.gated ? kGateCols : kPanel;
   const int64_t rem = j.n_out - P * per;
   return static_cast<int>(rem < per ? rem : per);
+}
+inline bool is_window(const Task& t) { return t.q0 != 0 || t.q1 != kPanelWindows; }
+// Valid output columns of t's window, counted from its first column 16 q0.
+inline int window_cols(const Job& j, const Task& t) {
+  const int n = valid_cols(j, t.p0) - kWindowCols * t.q0, w = kWindowCols * (t.q1 - t.q0);
+  return n < 0 ? 0 : n < w ? n : w;
 }
 
 }  // namespace
