@@ -6,6 +6,7 @@
 // bf16 as it reads; the plain loop widens whole rows). And against softmax attention
 // computed in double precision: the chunked online softmax is the same function.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -31,6 +32,7 @@ struct RunOpts {
   DType kv_dtype = DType::F32;
   bool tiled = true;       // K plane position-minor in its blocks, as the model keeps it
   bool head_major = true;  // V plane a run per KV head in its blocks, as the model keeps it
+  int team = 0;            // > 0: run the kernel on a team of this many threads
 };
 
 // softmax(q k^T scale) v for every token and head, computed as torch does it in T
@@ -120,11 +122,14 @@ std::vector<float> run_case(const Case& c, uint64_t seed, RunOpts ro = {}) {
       test::IsaScope scope(isa);
       a.ctx = got.data();
       a.schedule = sched;
+      const int saved = omp_get_max_threads();
+      if (ro.team > 0) omp_set_num_threads(ro.team);
       gqa_attend(a);
+      omp_set_num_threads(saved);
       EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)), 0)
           << "heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " isa " << isa_name(active_isa())
           << " cache " << dtype_name(kv_dtype) << " schedule " << static_cast<int>(sched) << " tiled " << ro.tiled
-          << " head-major V " << ro.head_major;
+          << " head-major V " << ro.head_major << " team " << ro.team;
     }
   // The same function as softmax attention, and no less accurate in f32 than computing
   // it the plain way (as torch does): the chunks and folds only regroup the sums.
@@ -189,6 +194,20 @@ TEST(AttentionKernels, LongContextsBitwiseEqualToThePlainLoop) {
     ro.paged = true;
     run_case({8, 2, 40, {{600, 1}, {77, 9}}, 720}, 7, ro);
   }
+}
+
+// A decode step with fewer items (KV heads x spans) than 2 a thread splits each KV head's
+// query heads over 2, 4 ... items: every team size gives the plain loop's bits.
+TEST(AttentionKernels, DecodeOnALargeTeamSplitsHeadsWithTheSameBits) {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int team : {1, 3, 16, 64}) {
+      RunOpts ro;
+      ro.kv_dtype = dt;
+      ro.team = team;
+      run_case({32, 4, 128, {{511, 1}}, 520}, 8, ro);        // Qwen3-30B-A3B at 512: 8 items, G = 8
+      run_case({16, 1, 64, {{300, 1}, {40, 2}}, 320}, 9, ro);  // G = 16, two sequences
+      run_case({12, 4, 40, {{100, 1}}, 120}, 10, ro);        // G = 3: no power of 2 divides it
+    }
 }
 
 // Untiled K and row-major V planes (rows, as MLA keeps its planes), alone or together,

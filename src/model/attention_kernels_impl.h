@@ -4,10 +4,12 @@
 // way, so the same bits; model/attention_math.h defines the arithmetic).
 //
 // Work items: (sequence, KV head, up to kQBlock of the step's new tokens, a range of
-// spans). Prefill items take every span of their tokens (no partial states to keep);
-// a sequence with few new tokens (decode) and a long context is split into one item
-// per span, so a single conversation's context spreads over every thread, and a merge
-// pass folds the spans' states in order.
+// spans, query heads of the KV head's group). Prefill items take every span of their
+// tokens and every head of the group (no partial states to keep); a sequence with few
+// new tokens (decode) and a long context is split into one item per span, so a single
+// conversation's context spreads over every thread, and a merge pass folds the spans'
+// states in order. When that still leaves fewer than 2 items a thread, the group's
+// query heads are split over items too (same bits: each head's arithmetic is its own).
 //
 // Inside an item, per chunk of kChunk keys:
 //   scores: 16 keys per vector (a lane per key), each the sequential dot product over
@@ -102,6 +104,7 @@ struct Item {
   int32_t t0, nt;          // tokens [t0, t0 + nt) of the step
   int32_t span0, span1;    // spans [span0, span1) of the context
   int64_t part = -1;       // split items: index of its partial states, else -1
+  int32_t g0 = 0, gn = 0;  // query heads [g0, g0 + gn) of the KV head's group
 };
 
 struct Scratch {
@@ -319,7 +322,8 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
   const SeqSpan& sp = b.seqs[it.seq];
   const KvCache& cache = *a.cache;
   const int64_t hd = a.head_dim, G = a.n_heads / a.n_kv, ldq = a.n_heads * hd, kvh = it.kvh;
-  const int64_t B = cache.block_size(), rows = it.nt * G;
+  const int64_t GN = it.gn, qh = kvh * G + it.g0;  // the item's heads, and its first query head
+  const int64_t B = cache.block_size(), rows = it.nt * GN;
   const bool tiled = cache.shape().a_tiled, fast = tiled && B % kLanes == 0;
   int64_t pos[kQBlock], maxpos = 0;
   for (int64_t t = 0; t < it.nt; ++t) maxpos = std::max<int64_t>(maxpos, pos[t] = b.positions[it.t0 + t]);
@@ -354,8 +358,8 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
           using K = std::remove_const_t<std::remove_pointer_t<decltype(kt)>>;
           for (int64_t t = 0; t < it.nt; ++t) {
             if (pos[t] < j0) continue;  // the whole tile is after this token
-            by_head_groups<ScorePass<K>::template F>(G, a.q + (it.t0 + t) * ldq + kvh * G * hd, hd, kt, kstride,
-                                                     sc + t * G * kChunk + (j0 - c0), a.scale);
+            by_head_groups<ScorePass<K>::template F>(GN, a.q + (it.t0 + t) * ldq + qh * hd, hd, kt, kstride,
+                                                     sc + t * GN * kChunk + (j0 - c0), a.scale);
           }
         };
         if (fast) {  // 16 positions of one block: column d at + d * B
@@ -368,7 +372,7 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
                 // its last key in the chunk, which the softmax never reads.
                 if (pos[t] < j0) continue;
                 by_head_groups_of<kHeads2, ScorePass2<E>::template F>(
-                    G, a.q + (it.t0 + t) * ldq + kvh * G * hd, hd, kt0, kt1, B, sc + t * G * kChunk + (j0 - c0),
+                    GN, a.q + (it.t0 + t) * ldq + qh * hd, hd, kt0, kt1, B, sc + t * GN * kChunk + (j0 - c0),
                     a.scale);
               }
             j0 += kLanes;
@@ -396,8 +400,8 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
       for (int64_t t = 0; t < it.nt; ++t) {
         if (pos[t] < c0) continue;
         const int64_t jn = std::min(c1, pos[t] + 1) - c0;  // keys of this token in the chunk
-        for (int64_t g = 0; g < G; ++g) {
-          float* row = sc + (t * G + g) * kChunk;
+        for (int64_t g = 0; g < GN; ++g) {
+          float* row = sc + (t * GN + g) * kChunk;
           const float m = chunk_max(row, jn);
           v16 lsum = v16{};
           for (int64_t j0 = 0; j0 < jn; j0 += kLanes) {
@@ -416,21 +420,21 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
           for (int64_t i = 0; i < run; ++i) s.vrows[j + i] = v + i * vs;
           j += run;
         }
-        const float* p = sc + t * G * kChunk;
+        const float* p = sc + t * GN * kChunk;
         int64_t d0 = 0;
         if constexpr (kHeads2 > 0)
           for (; d0 + 2 * kLanes <= d16; d0 += 2 * kLanes)
-            by_head_groups_of<kHeads2, VPass2<E>::template F>(G, p, jn, s.vrows.data(), d0, s.oc.data() + d0, hd);
+            by_head_groups_of<kHeads2, VPass2<E>::template F>(GN, p, jn, s.vrows.data(), d0, s.oc.data() + d0, hd);
         for (; d0 < d16; d0 += kLanes)
-          by_head_groups<VPass<E>::template F>(G, p, jn, s.vrows.data(), d0, s.oc.data() + d0, hd);
+          by_head_groups<VPass<E>::template F>(GN, p, jn, s.vrows.data(), d0, s.oc.data() + d0, hd);
         for (int64_t d = d16; d < hd; ++d)  // head_dim tail: the same sums, a scalar per dim
-          for (int64_t g = 0; g < G; ++g) {
+          for (int64_t g = 0; g < GN; ++g) {
             float acc = 0.f;
             for (int64_t j = 0; j < jn; ++j)
               acc = attn_math::fmadd(p[g * kChunk + j], kv_widen(static_cast<const E*>(s.vrows[j])[d]), acc);
             s.oc[g * hd + d] = acc;
           }
-        for (int64_t g = 0; g < G; ++g) fold(s.S[t * G + g], s.cm[g], s.cl[g], s.oc.data() + g * hd, hd);
+        for (int64_t g = 0; g < GN; ++g) fold(s.S[t * GN + g], s.cm[g], s.cl[g], s.oc.data() + g * hd, hd);
       }
     }
     for (int64_t r = 0; r < rows; ++r)
@@ -445,8 +449,8 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
       pr[1] = R.empty ? 0.f : R.l;
       if (!R.empty) std::copy(R.o, R.o + hd, pr + 2);
     } else {
-      const int64_t t = r / G, g = r % G;
-      float* o = a.ctx + (it.t0 + t) * ldq + (kvh * G + g) * hd;
+      const int64_t t = r / GN, g = r % GN;
+      float* o = a.ctx + (it.t0 + t) * ldq + (qh + g) * hd;
       for (int64_t d = 0; d < hd; ++d) o[d] = R.o[stored_dim<E>(d, hd)] / R.l;
     }
   }
@@ -462,6 +466,23 @@ inline void gqa_attend(const GqaAttendArgs& a) {
   thread_local std::vector<float> parts;  // split items' states: [item][rows][2 + head_dim]
   items.clear();
   merges.clear();
+  // Split sequences' KV heads go to 2, 4 ... items of fewer query heads each while the
+  // step has under 2 items a thread: at 512 positions a decode step is 4 KV heads x 2
+  // spans = 8 items, so on 16 threads attention ran on 8 (0.2 ms of a 2 ms step). Each
+  // head's arithmetic is its own, so the bits do not change; the K and V rows are read
+  // once per item instead of once per group.
+  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int64_t planned = 0;
+  for (const SeqSpan& sp : b.seqs) {
+    if (sp.n == 0) continue;
+    const int64_t n_spans = (sp.start_pos + sp.n + kSpan - 1) / kSpan;
+    const bool split = a.schedule == GqaSchedule::split_spans ||
+                       (a.schedule == GqaSchedule::automatic && sp.n <= kQBlock && n_spans > 1);
+    planned += (sp.n + kQBlock - 1) / kQBlock * a.n_kv * (split ? n_spans : 1);
+  }
+  int32_t head_parts = 1;
+  while (head_parts * 2 <= G && G % (head_parts * 2) == 0 && planned * head_parts < 2 * team) head_parts *= 2;
+  const int32_t gn = static_cast<int32_t>(G) / head_parts;
   int64_t work = 0, n_parts = 0;  // work: multiply-adds, roughly
   for (size_t si = 0; si < b.seqs.size(); ++si) {
     const SeqSpan& sp = b.seqs[si];
@@ -472,21 +493,26 @@ inline void gqa_attend(const GqaAttendArgs& a) {
     for (int64_t t0 = 0; t0 < sp.n; t0 += kQBlock)
       for (int32_t h = 0; h < a.n_kv; ++h) {
         const Item whole{static_cast<int32_t>(si), h, static_cast<int32_t>(sp.first + t0),
-                         static_cast<int32_t>(std::min<int64_t>(kQBlock, sp.n - t0)), 0, n_spans, -1};
+                         static_cast<int32_t>(std::min<int64_t>(kQBlock, sp.n - t0)), 0, n_spans, -1, 0,
+                         static_cast<int32_t>(G)};
         if (!split) {
           items.push_back(whole);
           continue;
         }
-        // One item per span, its states merged in span order afterwards.
-        Item m = whole;
-        m.part = n_parts;
-        merges.push_back(m);
-        for (int32_t span = 0; span < n_spans; ++span) {
-          Item one = whole;
-          one.span0 = span;
-          one.span1 = span + 1;
-          one.part = n_parts++;
-          items.push_back(one);
+        // One item per span (and head part), its states merged in span order afterwards.
+        for (int32_t g0 = 0; g0 < G; g0 += gn) {
+          Item m = whole;
+          m.part = n_parts;
+          m.g0 = g0;
+          m.gn = gn;
+          merges.push_back(m);
+          for (int32_t span = 0; span < n_spans; ++span) {
+            Item one = m;
+            one.span0 = span;
+            one.span1 = span + 1;
+            one.part = n_parts++;
+            items.push_back(one);
+          }
         }
       }
     work += sp.n * (sp.start_pos + sp.n) * a.n_heads * hd;
@@ -516,15 +542,15 @@ inline void gqa_attend(const GqaAttendArgs& a) {
     const Item& m = mlist[i];
     static thread_local std::vector<float> o;
     o.resize(hd);
-    for (int64_t r = 0; r < m.nt * G; ++r) {
+    for (int64_t r = 0; r < m.nt * m.gn; ++r) {
       State R;
       R.o = o.data();
       for (int64_t span = 0; span < m.span1; ++span) {
         const float* pr = part_base + (m.part + span) * part_len + r * (2 + hd);
         if (pr[1] != 0.f) fold(R, pr[0], pr[1], pr + 2, hd);
       }
-      const int64_t t = r / G, g = r % G;
-      float* out = a.ctx + (m.t0 + t) * ldq + (m.kvh * G + g) * hd;
+      const int64_t t = r / m.gn, g = r % m.gn;
+      float* out = a.ctx + (m.t0 + t) * ldq + (m.kvh * G + m.g0 + g) * hd;
       if (bf16)
         for (int64_t d = 0; d < hd; ++d) out[d] = R.o[stored_dim<uint16_t>(d, hd)] / R.l;
       else
