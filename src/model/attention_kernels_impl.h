@@ -466,20 +466,21 @@ inline void gqa_attend(const GqaAttendArgs& a) {
   thread_local std::vector<float> parts;  // split items' states: [item][rows][2 + head_dim]
   items.clear();
   merges.clear();
+  auto n_spans_of = [](const SeqSpan& sp) { return static_cast<int32_t>((sp.start_pos + sp.n + kSpan - 1) / kSpan); };
+  auto splits = [&](const SeqSpan& sp) {  // one item per span (decode), merged after
+    return a.schedule == GqaSchedule::split_spans ||
+           (a.schedule == GqaSchedule::automatic && sp.n <= kQBlock && n_spans_of(sp) > 1);
+  };
   // Split sequences' KV heads go to 2, 4 ... items of fewer query heads each while the
   // step has under 2 items a thread: at 512 positions a decode step is 4 KV heads x 2
-  // spans = 8 items, so on 16 threads attention ran on 8 (0.2 ms of a 2 ms step). Each
-  // head's arithmetic is its own, so the bits do not change; the K and V rows are read
-  // once per item instead of once per group.
+  // spans = 8 items, so 16 threads ran attention on 8. Each head's arithmetic is its own,
+  // so the bits do not change; the K and V rows are read once per item instead of once
+  // per group. (Measured on 16 threads at 512 positions: 0.21 -> 0.20 ms a step, the two
+  // parallel regions a layer left as they were.)
   const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
   int64_t planned = 0;
-  for (const SeqSpan& sp : b.seqs) {
-    if (sp.n == 0) continue;
-    const int64_t n_spans = (sp.start_pos + sp.n + kSpan - 1) / kSpan;
-    const bool split = a.schedule == GqaSchedule::split_spans ||
-                       (a.schedule == GqaSchedule::automatic && sp.n <= kQBlock && n_spans > 1);
-    planned += (sp.n + kQBlock - 1) / kQBlock * a.n_kv * (split ? n_spans : 1);
-  }
+  for (const SeqSpan& sp : b.seqs)
+    if (sp.n > 0) planned += (sp.n + kQBlock - 1) / kQBlock * a.n_kv * (splits(sp) ? n_spans_of(sp) : 1);
   int32_t head_parts = 1;
   while (head_parts * 2 <= G && G % (head_parts * 2) == 0 && planned * head_parts < 2 * team) head_parts *= 2;
   const int32_t gn = static_cast<int32_t>(G) / head_parts;
@@ -487,9 +488,8 @@ inline void gqa_attend(const GqaAttendArgs& a) {
   for (size_t si = 0; si < b.seqs.size(); ++si) {
     const SeqSpan& sp = b.seqs[si];
     if (sp.n == 0) continue;
-    const int32_t n_spans = static_cast<int32_t>((sp.start_pos + sp.n + kSpan - 1) / kSpan);
-    const bool split = a.schedule == GqaSchedule::split_spans ||
-                       (a.schedule == GqaSchedule::automatic && sp.n <= kQBlock && n_spans > 1);
+    const int32_t n_spans = n_spans_of(sp);
+    const bool split = splits(sp);
     for (int64_t t0 = 0; t0 < sp.n; t0 += kQBlock)
       for (int32_t h = 0; h < a.n_kv; ++h) {
         const Item whole{static_cast<int32_t>(si), h, static_cast<int32_t>(sp.first + t0),
