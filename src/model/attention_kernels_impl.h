@@ -527,6 +527,16 @@ inline void gqa_attend(const GqaAttendArgs& a) {
   const bool bf16 = a.cache->dtype() == DType::BF16;
   // Small steps run on one thread: waking a team costs more than the work.
   const bool par = n > 1 && work >= (int64_t{1} << 17);
+  // The merge goes row by row (a token's query head: its spans' states folded in order),
+  // not item by item: a decode step has one merge per KV head, 4 for Qwen3-30B-A3B, and
+  // at 32k positions each folds 128 spans for 8 heads, so 4 of 16 threads worked. It runs
+  // in the items' region, after their barrier: one wake-up of the team a layer, not two.
+  thread_local std::vector<std::pair<int32_t, int32_t>> merge_rows;  // (merge, row)
+  merge_rows.clear();
+  for (int64_t i = 0; i < nm; ++i)
+    for (int32_t r = 0; r < mlist[i].nt * mlist[i].gn; ++r) merge_rows.emplace_back(static_cast<int32_t>(i), r);
+  const int64_t n_rows = static_cast<int64_t>(merge_rows.size());
+  const std::pair<int32_t, int32_t>* rows = merge_rows.data();
 #pragma omp parallel if (par)
   {
     static thread_local Scratch s;
@@ -536,35 +546,26 @@ inline void gqa_attend(const GqaAttendArgs& a) {
       if (bf16) attend_item<uint16_t>(a, list[i], s, part);
       else attend_item<float>(a, list[i], s, part);
     }
-  }
-  if (nm == 0) return;
-  // The merge goes row by row (a token's query head: its spans' states folded in order),
-  // not item by item: a decode step has one merge per KV head, 4 for Qwen3-30B-A3B, and
-  // at 32k positions each folds 128 spans for 8 heads, so 4 of 16 threads worked.
-  thread_local std::vector<std::pair<int32_t, int32_t>> merge_rows;  // (merge, row)
-  merge_rows.clear();
-  for (int64_t i = 0; i < nm; ++i)
-    for (int32_t r = 0; r < mlist[i].nt * mlist[i].gn; ++r) merge_rows.emplace_back(static_cast<int32_t>(i), r);
-  const int64_t n_rows = static_cast<int64_t>(merge_rows.size());
-  const std::pair<int32_t, int32_t>* rows = merge_rows.data();
-#pragma omp parallel for schedule(static) if (par && n_rows > 1)
-  for (int64_t i = 0; i < n_rows; ++i) {
-    const Item& m = mlist[rows[i].first];
-    const int64_t r = rows[i].second;
-    static thread_local std::vector<float> o;
-    o.resize(hd);
-    State R;
-    R.o = o.data();
-    for (int64_t span = 0; span < m.span1; ++span) {
-      const float* pr = part_base + (m.part + span) * part_len + r * (2 + hd);
-      if (pr[1] != 0.f) fold(R, pr[0], pr[1], pr + 2, hd);
+    // (the loop's barrier: every span state is written before any row folds them)
+#pragma omp for schedule(static) nowait
+    for (int64_t i = 0; i < n_rows; ++i) {
+      const Item& m = mlist[rows[i].first];
+      const int64_t r = rows[i].second;
+      static thread_local std::vector<float> o;
+      o.resize(hd);
+      State R;
+      R.o = o.data();
+      for (int64_t span = 0; span < m.span1; ++span) {
+        const float* pr = part_base + (m.part + span) * part_len + r * (2 + hd);
+        if (pr[1] != 0.f) fold(R, pr[0], pr[1], pr + 2, hd);
+      }
+      const int64_t t = r / m.gn, g = r % m.gn;
+      float* out = a.ctx + (m.t0 + t) * ldq + (m.kvh * G + m.g0 + g) * hd;
+      if (bf16)
+        for (int64_t d = 0; d < hd; ++d) out[d] = R.o[stored_dim<uint16_t>(d, hd)] / R.l;
+      else
+        for (int64_t d = 0; d < hd; ++d) out[d] = R.o[d] / R.l;
     }
-    const int64_t t = r / m.gn, g = r % m.gn;
-    float* out = a.ctx + (m.t0 + t) * ldq + (m.kvh * G + m.g0 + g) * hd;
-    if (bf16)
-      for (int64_t d = 0; d < hd; ++d) out[d] = R.o[stored_dim<uint16_t>(d, hd)] / R.l;
-    else
-      for (int64_t d = 0; d < hd; ++d) out[d] = R.o[d] / R.l;
   }
 }
 
