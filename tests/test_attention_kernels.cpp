@@ -6,7 +6,6 @@
 // bf16 as it reads; the plain loop widens whole rows). And against softmax attention
 // computed in double precision: the chunked online softmax is the same function.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -122,10 +121,10 @@ std::vector<float> run_case(const Case& c, uint64_t seed, RunOpts ro = {}) {
       test::IsaScope scope(isa);
       a.ctx = got.data();
       a.schedule = sched;
-      const int saved = omp_get_max_threads();
-      if (ro.team > 0) omp_set_num_threads(ro.team);
-      gqa_attend(a);
-      omp_set_num_threads(saved);
+      {
+        test::TeamScope team(ro.team > 0 ? ro.team : omp_get_max_threads());
+        gqa_attend(a);
+      }
       EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)), 0)
           << "heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " isa " << isa_name(active_isa())
           << " cache " << dtype_name(kv_dtype) << " schedule " << static_cast<int>(sched) << " tiled " << ro.tiled

@@ -5,7 +5,6 @@
 // that with std::fma -- and therefore each other, whatever the ISA. And a row's result
 // must not depend on which other rows share the call (batch invariance), on every ISA.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +18,7 @@
 #include "kernels/grouped_gemm.h"
 #include "kernels/quant.h"
 #include "test_isa.h"
+#include "test_util.h"
 
 namespace moe {
 namespace {
@@ -263,7 +263,6 @@ TEST(GroupedGemmIsa, ColumnWindowsOfADecodeGemvEqualOneThreadBitForBit) {
       {60, 33, {3}, 4},        // one panel, its last window part padding
       {130, 100, {2, 1}, 18},  // 3 panels of 2 experts; the third holds 2 columns: 1 window
   };
-  const int saved = omp_get_max_threads();
   int windowed = 0;
   uint32_t seed = 900;
   for (const Case& cs : cases) {
@@ -294,10 +293,9 @@ TEST(GroupedGemmIsa, ColumnWindowsOfADecodeGemvEqualOneThreadBitForBit) {
     for (Isa isa : available_isas()) {
       IsaScope scope(isa);
       auto run = [&](int threads) {
-        omp_set_num_threads(threads);
+        test::TeamScope team(threads);
         std::fill_n(out.data<float>(), out.numel(), 7.0f);  // every column must be written
         grouped_gemm(p);
-        omp_set_num_threads(saved);
         return out.clone();
       };
       const Tensor one = run(1);

@@ -1,6 +1,5 @@
 // W4A8: int4 group-quantised weights with Q8 activations (kernels/grouped_gemm_int4.h).
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -291,15 +290,15 @@ TEST(GroupedGemmInt4, PrefillTasksNarrowOnALargeTeamWithTheSameBits) {
   EXPECT_EQ(grouped_gemm_task_count(p, 2), 8);    // 4 panels a task
   EXPECT_EQ(grouped_gemm_task_count(p, 8), 16);   // 2
   EXPECT_EQ(grouped_gemm_task_count(p, 16), 32);  // 1
-  const int saved = omp_get_max_threads();
   for (Isa isa : test::available_isas()) {
     test::IsaScope scope(isa);
     for (int threads : {2, 8, 16}) {
       Tensor got = Tensor::zeros({rows, w.n_out()}, DType::F32);
       p.c = got.raw();
-      omp_set_num_threads(threads);
-      grouped_gemm(p);
-      omp_set_num_threads(saved);
+      {
+        test::TeamScope team(threads);
+        grouped_gemm(p);
+      }
       ASSERT_EQ(0, std::memcmp(got.raw(), ref.raw(), ref.nbytes())) << isa_name(isa) << " threads " << threads;
     }
   }

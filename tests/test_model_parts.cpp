@@ -1,7 +1,6 @@
 // Decoder pieces and the CLI verbs: RoPE (default, interleaved, YaRN) against direct
 // formulas, the sampler's determinism, and `moe-ep forward` / `generate`.
 #include <gtest/gtest.h>
-#include <omp.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -190,12 +189,10 @@ TEST(Sampler, GreedyTokenIsTheFirstBestInLogitBeforeOrder) {
     return static_cast<size_t>(state >> 33);
   };
   int checked = 0;
-  const int saved = omp_get_max_threads();
   // From 2^14 logits the scan is split over the team: its parts' borders must not matter.
   for (const auto& [V, threads] : std::vector<std::pair<int64_t, int>>{
            {1, 1}, {2, 1}, {15, 1}, {16, 1}, {17, 1}, {31, 1}, {33, 1}, {100, 1}, {32000, 1}, {32000, 2},
            {32000, 3}, {40001, 7}, {16384, 16}}) {
-    omp_set_num_threads(threads);
     for (int trial = 0; trial < 60; ++trial) {
       std::vector<float> lg(V);
       // Few distinct values, so ties are common; every 4th row holds only NaN and -inf.
@@ -205,14 +202,15 @@ TEST(Sampler, GreedyTokenIsTheFirstBestInLogitBeforeOrder) {
       int32_t want = 0;
       for (int32_t i = 1; i < V; ++i)
         if (logit_before(lg.data(), i, want)) want = i;
-      const int32_t got = greedy_token(lg.data(), V);
-      omp_set_num_threads(saved);
+      int32_t got;
+      {
+        test::TeamScope team(threads);
+        got = greedy_token(lg.data(), V);
+      }
       ASSERT_EQ(got, want) << "V " << V << " threads " << threads << " trial " << trial;
-      omp_set_num_threads(threads);
       ++checked;
     }
   }
-  omp_set_num_threads(saved);
   EXPECT_EQ(checked, 13 * 60);
   const std::vector<float> zeros = {-0.f, 0.f, -0.f};
   EXPECT_EQ(greedy_token(zeros.data(), 3), 0);  // -0 == +0: the lower id

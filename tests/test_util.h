@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -100,5 +101,18 @@ inline int run_command(const std::string& cmd, std::string* output) {
   const int st = pclose(f);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
+
+// Runs the scope's OpenMP regions on a team of `threads` (the kernels split their work by
+// the team size), restoring the previous size on exit, an early ASSERT return included.
+class TeamScope {
+ public:
+  explicit TeamScope(int threads) : prev_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+  ~TeamScope() { omp_set_num_threads(prev_); }
+  TeamScope(const TeamScope&) = delete;
+  TeamScope& operator=(const TeamScope&) = delete;
+
+ private:
+  int prev_;
+};
 
 }  // namespace moe::test

@@ -233,10 +233,10 @@ void build_tasks(const gg::Job& j, int64_t n_experts, int64_t np, int nt, std::v
   // A decode GEMM of fewer panels than threads: the router (2048 x 128 f32, 1 MiB a layer)
   // ran as 2 tasks whatever the team, 0.12-0.17 ms of a 1.5-2.1 ms decode step on 16
   // threads. Windows of 32 columns, or 16 when that is still too few tasks, spread it. A
-  // window reads the 64- or 128-byte pieces of its columns from each 256-byte k step, which
-  // streams slower than a whole panel (one core, 2-vCPU Xeon: 16-column windows take 1.75x
-  // the panel's time for the same bytes, 32-column 1.4x), so it pays only on a team larger
-  // than the panels: on 16 threads route fell to 0.11-0.12 ms.
+  // window reads the 64- or 128-byte pieces of its columns from each 256-byte k step, a
+  // strided stream that one core reads slower than a whole panel, so windows are made only
+  // when the team outnumbers the panels: on 16 threads `generate --profile`'s route fell to
+  // 0.11-0.13 ms a step (docs/PERF.md, tenth session).
   if (!j.col_windows || decode_panels != panels || panels >= nt) return;
   const int per = panels * 2 >= nt ? 2 : 1;  // 16-column chunks per window
   tasks.clear();

@@ -55,9 +55,10 @@ Best first_best(const float* logits, int64_t b, int64_t e) {
   return {best, b};
 }
 
-// From this many logits the scan goes over the threads: one core takes ~20 us for 32000
-// (2-vCPU Xeon), more when the lm_head's tasks left the row in the other cores' caches
-// (53 us a step on 16 threads), and waking the team costs a few.
+// From this many logits the scan goes over the threads: on one thread it was `generate
+// --profile`'s "sample" stage, 0.046 ms a step for 32000 logits on the 2-vCPU Xeon and
+// 0.06-0.08 on 16 threads (the lm_head's tasks leave the row in the other cores' caches);
+// a team's wake-up costs microseconds (docs/PERF.md, tenth session).
 constexpr int64_t kParallelLogits = int64_t{1} << 14;
 
 }  // namespace
@@ -67,11 +68,15 @@ int32_t greedy_token(const float* logits, int64_t V) {
   if (nt <= 1) return static_cast<int32_t>(first_best(logits, 0, V).id);
   // Contiguous parts, one per thread; the earliest part holding the largest key wins, so
   // the id is the row's first best whatever the team.
-  std::vector<Best> part(static_cast<size_t>(nt), Best{-std::numeric_limits<float>::infinity(), V});
+  // Reused: no allocation per step. Inside the region `part` would name each thread's own
+  // copy, so the threads write through `out`.
+  thread_local std::vector<Best> part;
+  part.assign(static_cast<size_t>(nt), Best{-std::numeric_limits<float>::infinity(), V});
+  Best* out = part.data();
 #pragma omp parallel num_threads(nt)
   {
     const int64_t n = omp_get_num_threads(), t = omp_get_thread_num();
-    part[static_cast<size_t>(t)] = first_best(logits, V * t / n, V * (t + 1) / n);
+    out[t] = first_best(logits, V * t / n, V * (t + 1) / n);
   }
   Best r = part[0];
   for (const Best& p : part)
