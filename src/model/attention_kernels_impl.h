@@ -54,6 +54,8 @@ using attn_math::kSpan;
 using attn_math::State;
 using attn_math::v16;
 using attn_math::vi16;
+using attn_math::as_float;
+using attn_math::sel;
 typedef uint16_t vu16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
 
 constexpr int kQBlock = 8;  // new tokens of a sequence per prefill item
@@ -75,12 +77,33 @@ constexpr int kHeads = 4, kHeads2 = 2;
 constexpr int kHeads = 2, kHeads2 = 0;
 #endif
 
+#if defined(MOE_ATTN_V16_PAIR)
+using attn_math::v8;
+using attn_math::vi8;
+inline v16 load(const float* p) {
+  return {reinterpret_cast<v8>(_mm256_loadu_ps(p)), reinterpret_cast<v8>(_mm256_loadu_ps(p + 8))};
+}
+inline void store(float* p, v16 v) {
+  _mm256_storeu_ps(p, reinterpret_cast<__m256>(v.lo));
+  _mm256_storeu_ps(p + 8, reinterpret_cast<__m256>(v.hi));
+}
+inline vi16 load_i(const void* p) {
+  const __m256i* h = static_cast<const __m256i*>(p);
+  return {reinterpret_cast<vi8>(_mm256_loadu_si256(h)), reinterpret_cast<vi8>(_mm256_loadu_si256(h + 1))};
+}
+#else
 inline v16 load(const float* p) {
   v16 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+inline vi16 load_i(const void* p) {
+  vi16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+#endif
 inline v16 load_kv(const float* p) { return load(p); }
 inline v16 load_kv(const uint16_t* p) {  // 16 bf16 widened exactly: the bits << 16
 #if defined(__AVX512F__)
@@ -89,16 +112,22 @@ inline v16 load_kv(const uint16_t* p) {  // 16 bf16 widened exactly: the bits <<
   // inside its own header.
   const __m512i w16 = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return reinterpret_cast<v16>(reinterpret_cast<vi16>(w16) << 16);
+#elif defined(MOE_ATTN_V16_PAIR)
+  const __m128i* h = reinterpret_cast<const __m128i*>(p);
+  return as_float(vi16{reinterpret_cast<vi8>(_mm256_cvtepu16_epi32(_mm_loadu_si128(h))),
+                       reinterpret_cast<vi8>(_mm256_cvtepu16_epi32(_mm_loadu_si128(h + 1)))} << 16);
 #else
   vu16 h;
   std::memcpy(&h, p, sizeof h);
   const vi16 w = __builtin_convertvector(h, vi16) << 16;
-  v16 f;
-  std::memcpy(&f, &w, sizeof f);
-  return f;
+  return as_float(w);
 #endif
 }
+#if defined(MOE_ATTN_V16_PAIR)
+inline const vi16 kIota = {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}};
+#else
 inline const vi16 kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#endif
 
 struct Item {
   int32_t seq, kvh;
@@ -130,25 +159,72 @@ inline float chunk_max(const float* row, int64_t jn) {
   v16 mv = row[0] - v16{};  // a broadcast: x - (+0) is x for every x, -0 and NaN included
   for (int64_t j0 = 0; j0 < jn; j0 += kLanes) {  // row holds kChunk floats: j0 + 16 stays inside
     const v16 x = load(row + j0);
-    mv = (kIota < static_cast<int32_t>(jn - j0)) & (x > mv) ? x : mv;
+    mv = sel((kIota < static_cast<int32_t>(jn - j0)) & (x > mv), x, mv);
   }
+#if defined(MOE_ATTN_V16_PAIR)
+  auto fold_max = [](v8 a, v8 b) { return b > a ? b : a; };
+  v8 m8 = fold_max(mv.lo, mv.hi);  // lane i against lane i + 8, as below
+  m8 = fold_max(m8, __builtin_shufflevector(m8, m8, 4, 5, 6, 7, 4, 5, 6, 7));
+  m8 = fold_max(m8, __builtin_shufflevector(m8, m8, 2, 3, 2, 3, 2, 3, 2, 3));
+  m8 = fold_max(m8, __builtin_shufflevector(m8, m8, 1, 1, 1, 1, 1, 1, 1, 1));
+  return m8[0];
+#else
   auto fold_max = [](v16 a, v16 b) { return b > a ? b : a; };
   mv = fold_max(mv, __builtin_shufflevector(mv, mv, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
   mv = fold_max(mv, __builtin_shufflevector(mv, mv, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7));
   mv = fold_max(mv, __builtin_shufflevector(mv, mv, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
   mv = fold_max(mv, __builtin_shufflevector(mv, mv, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1));
   return mv[0];
+#endif
 }
 
 // attn_math::lane_sum in registers: lane i + lane i + 8, then + 4, + 2, + 1, the same
 // additions of the same pairs.
 inline float lane_sum(v16 h) {
+#if defined(MOE_ATTN_V16_PAIR)
+  v8 l = h.lo + h.hi;
+  l = l + __builtin_shufflevector(l, l, 4, 5, 6, 7, 4, 5, 6, 7);
+  l = l + __builtin_shufflevector(l, l, 2, 3, 2, 3, 2, 3, 2, 3);
+  l = l + __builtin_shufflevector(l, l, 1, 1, 1, 1, 1, 1, 1, 1);
+  return l[0];
+#else
   h = h + __builtin_shufflevector(h, h, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
   h = h + __builtin_shufflevector(h, h, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);
   h = h + __builtin_shufflevector(h, h, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
   h = h + __builtin_shufflevector(h, h, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
   return h[0];
+#endif
 }
+
+// A K tile's column of 16 keys as the score loops read it: load_kv, except a bf16 cache
+// on AVX2, read as its 8 even keys, then its 8 odd ones (one 32-byte load, a shift and
+// a mask, where widening in key order takes two vpmovzxwd on the shuffle port for every
+// 2 multiply-adds of a head). key_order<E> puts a finished score vector back in key
+// order. Each key's dot product is the same chain either way: the same bits.
+inline v16 load_k(const float* p) { return load_kv(p); }
+#if defined(MOE_ATTN_V16_PAIR)
+inline v16 load_k(const uint16_t* p) {
+  const vi8 w = reinterpret_cast<vi8>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return as_float(vi16{w << 16, w & static_cast<int32_t>(0xFFFF0000u)});
+}
+template <class E>
+inline v16 key_order(v16 s) {
+  if constexpr (std::is_same_v<E, uint16_t>) {
+    // lo: keys 0 2 .. 14, hi: 1 3 .. 15; the unpacks give keys 0-3 8-11 and 4-7 12-15.
+    const __m256 a = _mm256_unpacklo_ps(reinterpret_cast<__m256>(s.lo), reinterpret_cast<__m256>(s.hi));
+    const __m256 b = _mm256_unpackhi_ps(reinterpret_cast<__m256>(s.lo), reinterpret_cast<__m256>(s.hi));
+    return {reinterpret_cast<v8>(_mm256_permute2f128_ps(a, b, 0x20)),
+            reinterpret_cast<v8>(_mm256_permute2f128_ps(a, b, 0x31))};
+  }
+  return s;
+}
+#else
+inline v16 load_k(const uint16_t* p) { return load_kv(p); }
+template <class E>
+inline v16 key_order(v16 s) {
+  return s;
+}
+#endif
 
 // Scores of NG heads (q rows hd apart) against 16 keys: column d of the keys at
 // kt + d * kstride. out[g * ldo + lane] = scale * sum_d q_g[d] k_lane[d], d in order,
@@ -159,10 +235,10 @@ inline void score_heads(const float* q, int64_t hd, const E* kt, int64_t kstride
   v16 acc[NG];
   for (int g = 0; g < NG; ++g) acc[g] = v16{};
   for (int64_t d = 0; d < hd; ++d) {
-    const v16 k = load_kv(kt + d * kstride);
+    const v16 k = load_k(kt + d * kstride);
     for (int g = 0; g < NG; ++g) acc[g] = attn_math::fmadd(q[g * hd + d], k, acc[g]);
   }
-  for (int g = 0; g < NG; ++g) store(out + g * ldo, acc[g] * scale);
+  for (int g = 0; g < NG; ++g) store(out + g * ldo, key_order<E>(acc[g]) * scale);
 }
 
 // score_heads against two tiles of 16 keys at once (kt0, kt1: the same stride):
@@ -173,7 +249,7 @@ inline void score_heads2(const float* q, int64_t hd, const E* kt0, const E* kt1,
   v16 a0[NG], a1[NG];
   for (int g = 0; g < NG; ++g) a0[g] = a1[g] = v16{};
   for (int64_t d = 0; d < hd; ++d) {
-    const v16 k0 = load_kv(kt0 + d * kstride), k1 = load_kv(kt1 + d * kstride);
+    const v16 k0 = load_k(kt0 + d * kstride), k1 = load_k(kt1 + d * kstride);
     for (int g = 0; g < NG; ++g) {
       const float qd = q[g * hd + d];
       a0[g] = attn_math::fmadd(qd, k0, a0[g]);
@@ -181,8 +257,8 @@ inline void score_heads2(const float* q, int64_t hd, const E* kt0, const E* kt1,
     }
   }
   for (int g = 0; g < NG; ++g) {
-    store(out + g * ldo, a0[g] * scale);
-    store(out + g * ldo + kLanes, a1[g] * scale);
+    store(out + g * ldo, key_order<E>(a0[g]) * scale);
+    store(out + g * ldo + kLanes, key_order<E>(a1[g]) * scale);
   }
 }
 
@@ -208,11 +284,9 @@ inline void load_kv32(const float* p, v16& v0, v16& v1) {
   v1 = load(p + kLanes);
 }
 inline void load_kv32(const uint16_t* p, v16& v0, v16& v1) {
-  vi16 w;
-  std::memcpy(&w, p, sizeof w);
-  const vi16 even = w << 16, odd = w & static_cast<int32_t>(0xFFFF0000u);
-  std::memcpy(&v0, &even, sizeof v0);
-  std::memcpy(&v1, &odd, sizeof v1);
+  const vi16 w = load_i(p);
+  v0 = as_float(w << 16);
+  v1 = as_float(w & static_cast<int32_t>(0xFFFF0000u));
 }
 // Where dim d of a V sum (and of the states folded from it) is kept: v_heads2 over a
 // bf16 cache keeps each group of 32 dims as its 16 even dims, then its 16 odd ones; every
@@ -407,7 +481,7 @@ inline void attend_item(const GqaAttendArgs& a, const Item& it, Scratch& s, floa
           v16 lsum = v16{};
           for (int64_t j0 = 0; j0 < jn; j0 += kLanes) {
             v16 p = exp_neg(load(row + j0) - m);
-            p = kIota < static_cast<int32_t>(jn - j0) ? p : v16{};
+            p = sel(kIota < static_cast<int32_t>(jn - j0), p, v16{});
             store(row + j0, p);
             lsum = lsum + p;
           }

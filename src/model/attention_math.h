@@ -45,8 +45,49 @@ constexpr int64_t kChunk = 64;
 constexpr int64_t kSpan = 256;
 constexpr int kLanes = 16;
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// AVX2: 16 lanes as two ymm halves, a struct of two native 8-lane vectors. A 64-byte
+// GCC vector has no machine mode without AVX-512, so GCC kept every v16 in memory and
+// did each operation piece by piece through the stack: the kernel read a bf16 KV cache
+// at 1.2 GB/s at decode on a 2-vCPU Zen 3 (bench_attention, 2 threads; the struct: see
+// docs/PERF.md). Every operation below is the same element-wise one, lane i of lo
+// being lane i of the vector and lane i of hi lane 8 + i, so the bits are the same.
+#define MOE_ATTN_V16_PAIR 1
+typedef float v8 __attribute__((vector_size(8 * sizeof(float))));
+typedef int32_t vi8 __attribute__((vector_size(8 * sizeof(int32_t))));
+struct vi16 {
+  vi8 lo, hi;
+};
+struct v16 {
+  v8 lo, hi;
+};
+inline v16 operator+(v16 a, v16 b) { return {a.lo + b.lo, a.hi + b.hi}; }
+inline v16 operator-(v16 a, v16 b) { return {a.lo - b.lo, a.hi - b.hi}; }
+inline v16 operator*(v16 a, v16 b) { return {a.lo * b.lo, a.hi * b.hi}; }
+inline v16 operator+(v16 a, float b) { return {a.lo + b, a.hi + b}; }
+inline v16 operator-(v16 a, float b) { return {a.lo - b, a.hi - b}; }
+inline v16 operator*(v16 a, float b) { return {a.lo * b, a.hi * b}; }
+inline v16 operator-(float a, v16 b) { return {a - b.lo, a - b.hi}; }
+inline vi16 operator<(v16 a, float b) { return {a.lo < b, a.hi < b}; }
+inline vi16 operator>(v16 a, v16 b) { return {a.lo > b.lo, a.hi > b.hi}; }
+inline vi16 operator!=(v16 a, v16 b) { return {a.lo != b.lo, a.hi != b.hi}; }
+inline vi16 operator<(vi16 a, int32_t b) { return {a.lo < b, a.hi < b}; }
+inline vi16 operator&(vi16 a, vi16 b) { return {a.lo & b.lo, a.hi & b.hi}; }
+inline vi16 operator&(vi16 a, int32_t b) { return {a.lo & b, a.hi & b}; }
+inline vi16 operator+(vi16 a, int32_t b) { return {a.lo + b, a.hi + b}; }
+inline vi16 operator<<(vi16 a, int b) { return {a.lo << b, a.hi << b}; }
+// m ? a : b lane by lane (m: a comparison's all-ones or zero lanes).
+inline v16 sel(vi16 m, v16 a, v16 b) { return {m.lo ? a.lo : b.lo, m.hi ? a.hi : b.hi}; }
+// Truncation toward zero, as __builtin_convertvector.
+inline vi16 to_int(v16 x) { return {__builtin_convertvector(x.lo, vi8), __builtin_convertvector(x.hi, vi8)}; }
+inline v16 as_float(vi16 x) { return {reinterpret_cast<v8>(x.lo), reinterpret_cast<v8>(x.hi)}; }
+#else
 typedef float v16 __attribute__((vector_size(kLanes * sizeof(float))));
 typedef int32_t vi16 __attribute__((vector_size(kLanes * sizeof(int32_t))));
+inline v16 sel(vi16 m, v16 a, v16 b) { return m ? a : b; }
+inline vi16 to_int(v16 x) { return __builtin_convertvector(x, vi16); }
+inline v16 as_float(vi16 x) { return reinterpret_cast<v16>(x); }
+#endif
 
 // c + a * b with one rounding (IEEE fusedMultiplyAdd).
 inline float fmadd(float a, float b, float c) { return std::fma(a, b, c); }
@@ -54,15 +95,10 @@ inline v16 fmadd(float a, v16 b, v16 c) {
 #if defined(__AVX512F__)
   return reinterpret_cast<v16>(
       _mm512_fmadd_ps(_mm512_set1_ps(a), reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(c)));
-#elif defined(__FMA__)
-  __m256 b2[2], c2[2], r2[2];
-  std::memcpy(b2, &b, sizeof b2);
-  std::memcpy(c2, &c, sizeof c2);
+#elif defined(MOE_ATTN_V16_PAIR)
   const __m256 av = _mm256_set1_ps(a);  // a broadcast, not `v16{} + a` (an add: -0 + 0 is +0)
-  for (int h = 0; h < 2; ++h) r2[h] = _mm256_fmadd_ps(av, b2[h], c2[h]);
-  v16 r;
-  std::memcpy(&r, r2, sizeof r);
-  return r;
+  return {reinterpret_cast<v8>(_mm256_fmadd_ps(av, reinterpret_cast<__m256>(b.lo), reinterpret_cast<__m256>(c.lo))),
+          reinterpret_cast<v8>(_mm256_fmadd_ps(av, reinterpret_cast<__m256>(b.hi), reinterpret_cast<__m256>(c.hi)))};
 #else
   v16 r;
   for (int i = 0; i < kLanes; ++i) r[i] = std::fma(a, b[i], c[i]);
@@ -103,7 +139,7 @@ inline float exp_neg(float x) {
 // a clamped value, so 2^n never leaves the normal range, then replaced as the scalar
 // returns them.
 inline v16 exp_neg(v16 x) {
-  const v16 xc = x < kExpMin ? v16{} + kExpMin : x;
+  const v16 xc = sel(x < kExpMin, v16{} + kExpMin, x);
   const v16 n = (xc * kLog2e + kRound) - kRound;
   v16 r = xc - n * kLn2Hi;
   r = r - n * kLn2Lo;
@@ -115,12 +151,9 @@ inline v16 exp_neg(v16 x) {
   p = p * r + kP5;
   p = p * (r * r) + r;
   p = p + 1.f;
-  const vi16 e = (__builtin_convertvector(n, vi16) + 127) << 23;
-  v16 scale;
-  std::memcpy(&scale, &e, sizeof scale);
-  v16 y = p * scale;
-  y = x < kExpMin ? v16{} : y;
-  return x != x ? x : y;
+  v16 y = p * as_float((to_int(n) + 127) << 23);
+  y = sel(x < kExpMin, v16{}, y);
+  return sel(x != x, x, y);
 }
 
 // The sum of 16 lanes by halves: (l + l+8), then (l + l+4), (l + l+2), (l + l+1).
