@@ -41,6 +41,10 @@ inline __m256i bcast4(const int8_t* p) {
 
 struct Avx2 {
   static constexpr int kMaxRows = 4;
+  // Decode forms super-block scales (K-quants, Q4_0's f16 d) in the flush from the
+  // file's bytes (sb8), where expanding every panel's [group][64] f32 scales first wrote
+  // and reread 16 KiB per 64 KiB panel of 2048-k codes.
+  static constexpr bool kFormsSbScales = true;
 
 static void group_sums(const int8_t* a, int64_t K, int64_t group, int64_t n_groups, int32_t* sa) {
   i4_group_sums_avx2(a, K, group, n_groups, sa, i4_group_sums);
@@ -57,7 +61,7 @@ static void epilogue_row(const Job& j, float* acc, float a_scale, char* crow, in
 // acc[r][0..64) += the groups' dequantised sums for rows a[0..MR) x one panel.
 template <int MR, bool kPrefetch>
 static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
-                        const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
+                        const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb = nullptr) {
   const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group / 8;
   const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   for (int64_t G = 0; G < ng; ++G) {
@@ -92,21 +96,33 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
         }
         for (int r = 0; r < MR; ++r) a32[r] = _mm256_add_epi32(a32[r], _mm256_madd_epi16(a16[r], ones));
       }
-      flush<MR>(a32, G * kPanel + cb * 8, ws, wz, wo, sa + G, ng, acc, cb * 8);
+      flush<MR>(a32, G, cb * 8, ws, wz, wo, sb, sa + G, ng, acc);
     }
   }
 }
 
-// acc[r][c0..c0+8) += the group's dequantised sums of dot[r] (8 columns), in the order of
+// 8 columns of a super-block value, as i4_expand_panel's AVX2 branch forms them: the f16
+// h[hat..hat+8) widened, times the i8 q8 or u8 u8 factors [at..at+8) when given (both
+// exact conversions, one rounding: the expanded scales' bits).
+static __m256 sb8(const uint16_t* h, const int8_t* q8, const uint8_t* u8, int64_t hat, int64_t at) {
+  const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + hat)));
+  if (!q8 && !u8) return v;
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q8 ? static_cast<const void*>(q8 + at) : u8 + at));
+  return _mm256_mul_ps(v, _mm256_cvtepi32_ps(q8 ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b)));
+}
+
+// acc[r][c0..c0+8) += group G's dequantised sums of dot[r] (8 columns), in the order of
 // grouped_gemm_int4_impl.h: zero points (float)(dot - z * sa) * s, or offsets
-// (float)dot * s - (float)sa * offset. at: the group's entry of these 8 columns in
-// ws / wz / wo; sa[r * ng]: row r's activation sum of the group.
+// (float)dot * s - (float)sa * offset. The group's scales (and offsets) of these columns
+// come from ws (wo), or, both null, are formed from sb; sa[r * ng]: row r's activation
+// sum of the group.
 template <int MR>
-static void flush(const __m256i* dot, int64_t at, const float* ws, const uint8_t* wz, const float* wo,
-                  const int32_t* sa, int64_t ng, float (*acc)[kPanel], int c0) {
-  const __m256 s = _mm256_loadu_ps(ws + at);
-  if (wo) {
-    const __m256 f = _mm256_loadu_ps(wo + at);
+static void flush(const __m256i* dot, int64_t G, int c0, const float* ws, const uint8_t* wz, const float* wo,
+                  const SbSrc* sb, const int32_t* sa, int64_t ng, float (*acc)[kPanel]) {
+  const int64_t at = G * kPanel + c0, hat = sb ? (G / sb->gps) * kPanel + c0 : 0;
+  const __m256 s = ws ? _mm256_loadu_ps(ws + at) : sb8(sb->d, sb->sc, nullptr, hat, at);
+  if (wo || (!ws && sb->m)) {
+    const __m256 f = wo ? _mm256_loadu_ps(wo + at) : sb8(sb->m, nullptr, sb->mn, hat, at);
     for (int r = 0; r < MR; ++r) {
       const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]), s);
       const __m256 q = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(sa[r * ng])), f);
@@ -136,7 +152,7 @@ template <class K>
 struct Avx2Bytes : Avx2 {
   template <int MR, bool kPrefetch>
   static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
-                          const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
+                          const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb = nullptr) {
     const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
     for (int64_t G = 0; G < ng; ++G) {
       const int64_t q0 = G * gq, q1 = std::min(n_q, q0 + gq);
@@ -160,7 +176,7 @@ struct Avx2Bytes : Avx2 {
         }
         __m256i dot[MR];
         for (int r = 0; r < MR; ++r) dot[r] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[r], hi[r]), 0xd8);
-        flush<MR>(dot, G * kPanel + cb * 8, ws, wz, wo, sa + G, ng, acc, cb * 8);
+        flush<MR>(dot, G, cb * 8, ws, wz, wo, sb, sa + G, ng, acc);
       }
     }
   }
@@ -176,25 +192,53 @@ struct G8Codes {
   }
 };
 
-// 6-bit codes (the 192-byte quads): block cb is half of chunk cb / 2, its low nibbles
-// (cb even: columns 0-7) or high ones (odd: 8-15), or'ed with the top bits of its two
-// 4-column lanes (the chunk's 16 top-bit bytes in both 128-bit lanes, shifted right by
-// 2s for column group s).
-struct G6Codes {
-  static __m256i codes(const uint8_t* panel, int64_t o, int cb) {
-    const uint8_t* quad = panel + o * kG6QuadBytes;
-    const int q = cb / 2;
-    const __m256i nb = _mm256_load_si256(reinterpret_cast<const __m256i*>(quad + 32 * q));
-    const __m256i nib = _mm256_and_si256(cb % 2 ? _mm256_srli_epi16(nb, 4) : nb, _mm256_set1_epi8(0x0f));
-    const __m256i top =
-        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(quad + 128 + 16 * q)));
-    const __m256i sh = cb % 2 ? _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4) : _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
-    return _mm256_or_si256(
-        nib, _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(top, sh), _mm256_set1_epi8(0x03)), 4));
-  }
-  static void prefetch(const uint8_t* panel, int64_t o) {
-    const char* pf = reinterpret_cast<const char*>(panel + o * kG6QuadBytes) + kPrefetchBytes;
-    for (int b = 0; b < kG6QuadBytes; b += 64) _mm_prefetch(pf + b, _MM_HINT_T1);
+// 6-bit codes (the 192-byte quads) by vpmaddubsw, as 4-bit ones: u <= 63 and |a| <= 128,
+// so a pair sum is at most 2 * 63 * 128 = 16128 < 32767 and nothing saturates; vpmaddwd
+// with ones then gives each column's quad sum in int32, added per quad (an int16 sum of
+// two quads would still fit, but 4 rows x 2 halves of int16 sums do not fit the 16 ymm
+// next to the int32 ones). Chunk ch of a quad is 16 columns: its 32 nibble bytes give
+// columns 0-7 (`and 0x0f`) and 8-15 (`srli 4; and 0x0f`); its 16 top-bit bytes,
+// broadcast to both lanes and shifted right by 0 (lane 0: columns 0-3, 8-11) or 2
+// (lane 1: 4-7, 12-15), hold the top bits of columns 0-7 in bits 0-1 of each byte and
+// of columns 8-15 in bits 4-5. (This replaced widening the codes to int16 for vpmaddwd,
+// with the column block's top bits rebuilt for each 8 columns: a Q6_K lm_head of 32000 x
+// 2048 took 6.3-6.7 ms of a 2-thread decode step on a Zen 3; see docs/PERF.md.)
+struct Avx2G6 : Avx2 {
+  template <int MR, bool kPrefetch>
+  static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                          const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb = nullptr) {
+    const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const __m256i sh = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
+    for (int64_t G = 0; G < ng; ++G) {
+      const int64_t q0 = G * gq, q1 = std::min(n_q, q0 + gq);
+      for (int ch = 0; ch < 4; ++ch) {
+        __m256i lo[MR], hi[MR];
+        for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+        for (int64_t o = q0; o < q1; ++o) {
+          const uint8_t* quad = panel + o * kG6QuadBytes;
+          if constexpr (kPrefetch) {
+            if (ch == 0)
+              for (int b = 0; b < kG6QuadBytes; b += 64)
+                _mm_prefetch(reinterpret_cast<const char*>(quad) + kPrefetchBytes + b, _MM_HINT_T1);
+          }
+          const __m256i nb = _mm256_load_si256(reinterpret_cast<const __m256i*>(quad + 32 * ch));
+          const __m256i top = _mm256_srlv_epi32(
+              _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(quad + 128 + 16 * ch))), sh);
+          const __m256i cl =
+              _mm256_or_si256(_mm256_and_si256(nb, m4), _mm256_and_si256(_mm256_slli_epi16(top, 4), m30));
+          const __m256i chi =
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nb, 4), m4), _mm256_and_si256(top, m30));
+          for (int r = 0; r < MR; ++r) {
+            const __m256i av = bcast4(a[r] + 4 * o);
+            lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(_mm256_maddubs_epi16(cl, av), ones));
+            hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(chi, av), ones));
+          }
+        }
+        flush<MR>(lo, G, 16 * ch, ws, wz, wo, sb, sa + G, ng, acc);
+        flush<MR>(hi, G, 16 * ch + 8, ws, wz, wo, sb, sa + G, ng, acc);
+      }
+    }
   }
 };
 
@@ -202,6 +246,6 @@ struct G6Codes {
 
 void run_task_avx2_i4(const Job& j, const Task& t) { i4_run_task<Avx2>(j, t); }
 void run_task_avx2_g8(const Job& j, const Task& t) { i4_run_task<Avx2Bytes<G8Codes>>(j, t); }
-void run_task_avx2_g6(const Job& j, const Task& t) { i4_run_task<Avx2Bytes<G6Codes>>(j, t); }
+void run_task_avx2_g6(const Job& j, const Task& t) { i4_run_task<Avx2G6>(j, t); }
 
 }  // namespace moe::gg
