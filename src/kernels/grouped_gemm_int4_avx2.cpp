@@ -115,8 +115,8 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
 // - Each row's activation quads are broadcast once per group into a buffer that the 4
 //   column-block pairs read as vpmaddubsw's memory operand: vpbroadcastd takes a shuffle
 //   port that the nibble shifts need too (llvm-mca -mcpu=znver3).
-// `moe-ep bench --dtype int4 --tokens 512 --threads 1` on a Zen 3 core: 343 -> 293 ms a
-// layer call, medians of 5 interleaved runs (docs/PERF.md).
+// `moe-ep bench --dtype int4 --tokens 512 --threads 1` on a Zen 3 core: 390 -> 308 ms a
+// layer call, medians of 5 interleaved runs of the two builds (docs/PERF.md, twelfth session).
 template <int MR>
 static void panel_block_g32(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                             const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel]) {
