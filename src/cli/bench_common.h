@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/clock.h"
 #include "cli/bench_cmd.h"
 #include "comm/communicator.h"
 #include "moe/config.h"
@@ -15,9 +16,7 @@
 
 namespace moe::bench {
 
-inline double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using moe::now_s;
 
 // The layer config for --shape (a preset or custom); softmax top-k with renormalisation.
 MoeConfig bench_config(const BenchOptions& o);

@@ -38,6 +38,7 @@
 
 #include "cli/verbs.h"
 #include "core/check.h"
+#include "core/clock.h"
 
 namespace moe {
 namespace {
@@ -49,10 +50,6 @@ struct LaunchOptions {
 
 volatile std::sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // One output stream of the command: bytes pass through at once; complete lines are
 // also checked for the failure markers.

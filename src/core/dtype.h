@@ -14,6 +14,8 @@ enum class DType : uint8_t { F32, BF16, F16, I8, I32, I64, U8, F64, I16, Bool, F
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);           // "f32", "bf16", ...
 DType parse_dtype(std::string_view name);  // accepts "f32"/"float32", "bf16"/"bfloat16", ...
+// The float types a weight's values are read from (f64 and FP8 have their own paths).
+inline bool is_float_weight(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
 // bf16 is the top half of an IEEE f32. Round-to-nearest-even, as the AVX512_BF16
 // vcvtneps2bf16 instruction does, so scalar and vector paths produce the same bits.

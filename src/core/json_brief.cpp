@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
+
 namespace moe {
 
 namespace {
@@ -52,6 +54,13 @@ std::string json_brief(const nlohmann::json& j, size_t max_chars) {
   }
   if (!whole) s = s.substr(0, max_chars > 3 ? max_chars - 3 : 0) + "...";
   return s;
+}
+
+bool config_flag(const nlohmann::json& cfg, const char* key, bool dflt) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return dflt;
+  MOE_CHECK(it->is_boolean(), "config.json: field '{}' is {}, expected true or false", key, json_brief(*it));
+  return it->get<bool>();
 }
 
 }  // namespace moe

@@ -17,4 +17,8 @@ namespace moe {
 // deeper than a few levels show as "[...]" / "{...}". Never throws.
 std::string json_brief(const nlohmann::json& j, size_t max_chars = 80);
 
+// config.json's boolean `key`: `dflt` when absent or null; anything else is an error
+// naming the key and showing the value (json_brief).
+bool config_flag(const nlohmann::json& cfg, const char* key, bool dflt);
+
 }  // namespace moe

@@ -10,6 +10,7 @@
 #include <ctime>
 
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/cpu.h"
 #include "core/tensor.h"
 #include "core/threads.h"
@@ -19,10 +20,6 @@
 namespace moe {
 
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // CPU time of the calling thread: the compute peaks time their chains with it, so a
 // thread the OS deschedules on a shared machine does not read as a slower core.

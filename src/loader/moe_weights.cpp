@@ -27,8 +27,6 @@ std::string expert_key(const std::string& pattern, int64_t e) {
   return fmt::format(fmt::runtime(pattern), e);
 }
 
-bool float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
-
 }  // namespace
 
 std::optional<TensorProblem> tensor_problem(const Checkpoint& ck, const std::string& key, const Shape& expected,
@@ -53,7 +51,7 @@ std::optional<TensorProblem> tensor_problem(const Checkpoint& ck, const std::str
       return TensorProblem{TensorProblem::WrongDType, key, where + *p};
     return std::nullopt;
   }
-  if (!float_dtype(info.dtype))
+  if (!is_float_weight(info.dtype))
     return TensorProblem{TensorProblem::WrongDType, key,
                          fmt::format("{}tensor '{}' in {} has dtype {}, expected f32, bf16 or f16{}", where, key,
                                      ck.file_of(key), dtype_name(info.dtype),

@@ -17,8 +17,6 @@ namespace moe {
 
 namespace {
 
-bool float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
-
 // "...experts.{}.gate_proj.weight" with id e, the ".weight" dropped: "...experts.3.gate_proj".
 std::string proj_base(const std::string& pattern, int64_t e) {
   std::string k = fmt::format(fmt::runtime(pattern), e);
@@ -135,7 +133,7 @@ void check_tensor(const Checkpoint& ck, int64_t layer, const std::string& key, c
     return;
   }
   const TensorInfo& ti = ck.info(key);
-  if (want == Want::Int8 ? ti.dtype != DType::I8 : !float_dtype(ti.dtype)) {
+  if (want == Want::Int8 ? ti.dtype != DType::I8 : !is_float_weight(ti.dtype)) {
     out.add(TensorProblem::WrongDType, key,
             fmt::format("layer {}: tensor '{}' in {} has dtype {}, expected {} ({})", layer, key, ck.file_of(key),
                         dtype_name(ti.dtype), want == Want::Int8 ? "i8" : "f32, bf16 or f16", what));

@@ -27,13 +27,6 @@ int64_t get_int(const json& cfg, const char* key, int64_t dflt, bool required) {
   return it->get<int64_t>();
 }
 
-bool get_bool(const json& cfg, const char* key, bool dflt) {
-  auto it = cfg.find(key);
-  if (it == cfg.end() || it->is_null()) return dflt;
-  MOE_CHECK(it->is_boolean(), "config.json: field '{}' is {}, expected true or false", key, json_brief(*it));
-  return it->get<bool>();
-}
-
 std::string get_str(const json& cfg, const char* key, const std::string& dflt) {
   auto it = cfg.find(key);
   if (it == cfg.end() || it->is_null()) return dflt;
@@ -77,7 +70,7 @@ void read_common_hparams(const json& cfg, ModelConfig& c) {
   c.head_dim = get_int(cfg, "head_dim", c.n_heads > 0 ? c.hidden_size / c.n_heads : 0, false);
   c.rms_eps = get_num(cfg, "rms_norm_eps", 1e-6);
   c.max_position = get_int(cfg, "max_position_embeddings", 0, false);
-  c.tie_embeddings = get_bool(cfg, "tie_word_embeddings", false);
+  c.tie_embeddings = config_flag(cfg, "tie_word_embeddings", false);
   read_eos(cfg, c.eos_token_ids);
 
   // transformers 5 writes "rope_parameters" {rope_theta, rope_type, ...}; older

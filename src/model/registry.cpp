@@ -66,11 +66,4 @@ void apply_checkpoint_layout(const Checkpoint& ck, ModelConfig& c) {
   c.int8_attention = !k.qkv.empty() && is_int8_weight(ck, k.qkv);
 }
 
-bool config_flag(const nlohmann::json& cfg, const char* key, bool dflt) {
-  auto it = cfg.find(key);
-  if (it == cfg.end() || it->is_null()) return dflt;
-  MOE_CHECK(it->is_boolean(), "config.json: field '{}' is {}, expected true or false", key, json_brief(*it));
-  return it->get<bool>();
-}
-
 }  // namespace moe

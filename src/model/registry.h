@@ -12,6 +12,7 @@
 
 #include <string>
 
+#include "core/json_brief.h"
 #include "loader/checkpoint.h"
 #include "model/attention.h"
 #include "model/model_config.h"
@@ -56,7 +57,5 @@ void apply_checkpoint_layout(const Checkpoint& ck, ModelConfig& c);
 // Shared by the GQA families: model.layers.L.self_attn.{q,k,v,o}_proj, with a bias on
 // q/k/v and on o as the family's module has them.
 AttentionKeys gqa_attention_keys(int64_t l, bool qk_norm, bool qkv_bias = false, bool o_bias = false);
-// config.json's boolean `key`, `dflt` when absent or null; anything else is an error naming it.
-bool config_flag(const nlohmann::json& cfg, const char* key, bool dflt);
 
 }  // namespace moe

@@ -81,13 +81,6 @@ double get_float(const json& cfg, std::initializer_list<const char*> names, doub
   return d;
 }
 
-bool get_bool(const json& cfg, const char* name, bool dflt) {
-  auto it = cfg.find(name);
-  if (it == cfg.end() || it->is_null()) return dflt;
-  MOE_CHECK(it->is_boolean(), "config.json: field '{}' must be true or false, found {}", name, json_brief(*it));
-  return it->get<bool>();
-}
-
 std::string get_string(const json& cfg, const char* name, const std::string& dflt) {
   auto it = cfg.find(name);
   if (it == cfg.end() || it->is_null()) return dflt;
@@ -144,7 +137,7 @@ MoeConfig MoeConfig::from_hf(const json& cfg) {
         }
       }
       r.scoring = Scoring::Softmax;
-      r.renormalize = get_bool(cfg, "norm_topk_prob", c.family == Family::Qwen3Moe);
+      r.renormalize = config_flag(cfg, "norm_topk_prob", c.family == Family::Qwen3Moe);
       if (c.family == Family::Qwen2Moe) {
         c.shared_intermediate_size = get_int(cfg, {"shared_expert_intermediate_size"}, 0);
         c.shared_expert_gate = c.shared_intermediate_size > 0;
@@ -190,7 +183,7 @@ MoeConfig MoeConfig::from_hf(const json& cfg) {
         r.n_group = get_int(cfg, {"n_group"}, 1);
         r.topk_group = get_int(cfg, {"topk_group"}, 1);
       }
-      r.renormalize = get_bool(cfg, "norm_topk_prob", v3);
+      r.renormalize = config_flag(cfg, "norm_topk_prob", v3);
       r.renorm_eps = 1e-20f;
       r.scaling = static_cast<float>(get_float(cfg, {"routed_scaling_factor"}, 1.0));
       break;
@@ -208,7 +201,7 @@ MoeConfig MoeConfig::from_hf(const json& cfg) {
       r.use_correction_bias = true;  // moe_statics.e_score_correction_bias picks experts
       r.renormalize = true;
       r.renorm_min = static_cast<float>(get_float(cfg, {"moe_norm_min"}, 1e-12));
-      MOE_CHECK(!get_bool(cfg, "use_bias", false),
+      MOE_CHECK(!config_flag(cfg, "use_bias", false),
                 "config.json: use_bias=true (linear biases) is not supported for ernie4_5_moe");
       break;
     }

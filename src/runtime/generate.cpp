@@ -5,15 +5,12 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "core/clock.h"
 #include "runtime/runner.h"
 
 namespace moe {
 
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // This rank's requests (round-robin over DP replicas), each with its own cache slot.
 std::vector<Sequence> own_sequences(Model& m, const std::vector<std::vector<int32_t>>& prompts) {

@@ -44,7 +44,7 @@ void v3_hparams(const nlohmann::json& cfg, ModelConfig& c) {
   mla_hparams(cfg, c, config_flag(cfg, "rope_interleave", true));
 }
 
-AttentionKeys keys(const ModelConfig& c, int64_t l) {
+AttentionKeys deepseek_keys(const ModelConfig& c, int64_t l) {
   const std::string p = ModelKeys::layer(l) + ".self_attn.";
   AttentionKeys k;
   k.layer = l;
@@ -72,11 +72,11 @@ AttentionKeys keys(const ModelConfig& c, int64_t l) {
 }  // namespace
 
 const FamilyHooks& deepseek_v2_hooks() {
-  static const FamilyHooks h{"deepseek_v2", v2_hparams, keys};
+  static const FamilyHooks h{"deepseek_v2", v2_hparams, deepseek_keys};
   return h;
 }
 const FamilyHooks& deepseek_v3_hooks() {
-  static const FamilyHooks h{"deepseek_v3", v3_hparams, keys};
+  static const FamilyHooks h{"deepseek_v3", v3_hparams, deepseek_keys};
   return h;
 }
 

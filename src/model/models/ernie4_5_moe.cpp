@@ -9,7 +9,7 @@
 namespace moe {
 namespace {
 
-void hparams(const nlohmann::json& cfg, ModelConfig& c) {
+void ernie_hparams(const nlohmann::json& cfg, ModelConfig& c) {
   c.attention = AttentionKind::Gqa;
   c.rope.interleaved = true;
   MOE_CHECK(!config_flag(cfg, "use_bias", false), "config.json: use_bias=true is not supported for ernie4_5_moe");
@@ -17,7 +17,7 @@ void hparams(const nlohmann::json& cfg, ModelConfig& c) {
 
 // Hugging Face's separate q/k/v, or FastDeploy's fused qkv_proj (its W8A8 checkpoints):
 // attention_reads picks the latter when ModelConfig::int8_attention.
-AttentionKeys keys(const ModelConfig&, int64_t l) {
+AttentionKeys ernie_keys(const ModelConfig&, int64_t l) {
   AttentionKeys k = gqa_attention_keys(l, false);
   k.qkv = ModelKeys::layer(l) + ".self_attn.qkv_proj";
   return k;
@@ -26,7 +26,7 @@ AttentionKeys keys(const ModelConfig&, int64_t l) {
 }  // namespace
 
 const FamilyHooks& ernie4_5_moe_hooks() {
-  static const FamilyHooks h{"ernie4_5_moe", hparams, keys};
+  static const FamilyHooks h{"ernie4_5_moe", ernie_hparams, ernie_keys};
   return h;
 }
 

@@ -8,7 +8,7 @@
 namespace moe {
 namespace {
 
-void hparams(const nlohmann::json& cfg, ModelConfig& c) {
+void mixtral_hparams(const nlohmann::json& cfg, ModelConfig& c) {
   c.attention = AttentionKind::Gqa;
   // rope_interleave (DeepSeek-V3's key; Mixtral's own checkpoints never set it): q and k
   // rows in interleaved-pair order, as a Mixtral GGUF holds them (loader/gguf/
@@ -20,12 +20,12 @@ void hparams(const nlohmann::json& cfg, ModelConfig& c) {
     c.sliding_window = it->get<int64_t>();
 }
 
-AttentionKeys keys(const ModelConfig&, int64_t l) { return gqa_attention_keys(l, false); }
+AttentionKeys mixtral_keys(const ModelConfig&, int64_t l) { return gqa_attention_keys(l, false); }
 
 }  // namespace
 
 const FamilyHooks& mixtral_hooks() {
-  static const FamilyHooks h{"mixtral", hparams, keys};
+  static const FamilyHooks h{"mixtral", mixtral_hparams, mixtral_keys};
   return h;
 }
 

@@ -9,7 +9,7 @@
 namespace moe {
 namespace {
 
-void hparams(const nlohmann::json& cfg, ModelConfig& c) {
+void qwen2_hparams(const nlohmann::json& cfg, ModelConfig& c) {
   c.attention = AttentionKind::Gqa;
   c.attention_bias = config_flag(cfg, "qkv_bias", true);  // transformers' default: Qwen2 always had them
   c.rope.interleaved = false;
@@ -17,12 +17,12 @@ void hparams(const nlohmann::json& cfg, ModelConfig& c) {
 }
 
 // q/k/v have a bias (qkv_bias), o_proj never.
-AttentionKeys keys(const ModelConfig& c, int64_t l) { return gqa_attention_keys(l, false, c.attention_bias, false); }
+AttentionKeys qwen2_keys(const ModelConfig& c, int64_t l) { return gqa_attention_keys(l, false, c.attention_bias, false); }
 
 }  // namespace
 
 const FamilyHooks& qwen2_moe_hooks() {
-  static const FamilyHooks h{"qwen2_moe", hparams, keys};
+  static const FamilyHooks h{"qwen2_moe", qwen2_hparams, qwen2_keys};
   return h;
 }
 

@@ -9,7 +9,7 @@
 namespace moe {
 namespace {
 
-void hparams(const nlohmann::json& cfg, ModelConfig& c) {
+void qwen3_hparams(const nlohmann::json& cfg, ModelConfig& c) {
   c.attention = AttentionKind::Gqa;
   c.qk_norm = true;
   c.attention_bias = config_flag(cfg, "attention_bias", false);
@@ -18,14 +18,14 @@ void hparams(const nlohmann::json& cfg, ModelConfig& c) {
 }
 
 // attention_bias gives all four projections a bias.
-AttentionKeys keys(const ModelConfig& c, int64_t l) {
+AttentionKeys qwen3_keys(const ModelConfig& c, int64_t l) {
   return gqa_attention_keys(l, true, c.attention_bias, c.attention_bias);
 }
 
 }  // namespace
 
 const FamilyHooks& qwen3_moe_hooks() {
-  static const FamilyHooks h{"qwen3_moe", hparams, keys};
+  static const FamilyHooks h{"qwen3_moe", qwen3_hparams, qwen3_keys};
   return h;
 }
 

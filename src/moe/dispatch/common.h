@@ -5,13 +5,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/clock.h"
 #include "moe/ep_layer.h"
 
 namespace moe::dispatch {
 
-inline double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using moe::now_s;
 
 // Adds the time spent in its scope to `acc`.
 class ScopedTimer {
