@@ -1,4 +1,5 @@
-// A short rendering of a (possibly hostile) JSON value for error messages.
+// A short rendering of a (possibly hostile) JSON value for error messages, and the
+// config.json boolean reader whose errors show one.
 //
 // nlohmann's dump() recurses once per nesting level and renders everything: a
 // config.json field holding an array nested a million levels deep (a 2 MB file) would
