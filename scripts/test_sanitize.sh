@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 BUILD=${SANITIZE_BUILD_DIR:-build-sanitize}
 # -O1 -g1: line tables are all a sanitizer report needs; full debug info and -O2 only
 # lengthen this stage's compile (it builds every library once more; moe_core in unity
-# batches here, CMakeLists.txt). With the loader suites' files alone, the stage took 407 s
-# in a fresh clone on a 2-vCPU Zen 3 (741 s before the unity batches).
+# batches here, CMakeLists.txt). With the loader suites' files alone, the stage took 407-427 s
+# in fresh clones on a 2-vCPU Zen 3 (741 s before the unity batches).
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DMOE_SANITIZE=ON >/dev/null
 cmake --build "$BUILD" -j"${JOBS:-2}" --target moe-ep moe_loader_tests
