@@ -40,7 +40,6 @@ std::vector<int64_t> parse_list(const char* s) {
 }
 
 using bench::median;
-using bench::now_s;
 
 struct AttnShape {
   int64_t heads = 32, kv = 4, hd = 128;

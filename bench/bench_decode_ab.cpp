@@ -47,9 +47,9 @@ struct Times {
 // dtype and size, whose values do not change the timing).
 Times time_call(MoeLayer& layer, const Tensor& x, const std::vector<int64_t>& offsets, MoeScratch& s) {
   Times t;
-  double t0 = bench::now_s();
+  double t0 = moe::now_s();
   layer.forward(x);
-  t.forward = bench::now_s() - t0;
+  t.forward = moe::now_s() - t0;
   const MoeLayerWeights& w = layer.weights();
   const bool q8 = layer.quantized();
   const int64_t rows = offsets.back(), H = w.w13.k, I = w.w2.k;
@@ -75,12 +75,12 @@ Times time_call(MoeLayer& layer, const Tensor& x, const std::vector<int64_t>& of
   g2.c = out.raw();
   g2.ldc = H;
   g2.act = Activation::None;
-  t0 = bench::now_s();
+  t0 = moe::now_s();
   grouped_gemm(g1);
-  t.gemm1 = bench::now_s() - t0;
-  t0 = bench::now_s();
+  t.gemm1 = moe::now_s() - t0;
+  t0 = moe::now_s();
   grouped_gemm(g2);
-  t.gemm2 = bench::now_s() - t0;
+  t.gemm2 = moe::now_s() - t0;
   return t;
 }
 

@@ -9,7 +9,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -30,10 +30,6 @@ using namespace moe;
 namespace {
 
 constexpr int64_t kH = 2048, kI = 768, kE = 128, kTopK = 8;
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Fills packed storage with small random values (the layout does not matter for timing;
 // this shape has no padding). Parallel: 1.2 GB.

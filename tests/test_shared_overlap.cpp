@@ -48,11 +48,11 @@ TEST(SharedOverlap, SharedExpertsRunInsideTheCommunicationWait) {
     EpStats st;
     dispatch::SharedRun run;
     SlowRequest req(0.2);
-    const double w0 = dispatch::now_s();
+    const double w0 = moe::now_s();
     EpOptions opt;
     opt.overlap = overlap;
     run.start_then_wait(layer, x, opt, st, &req);
-    const double w1 = dispatch::now_s();
+    const double w1 = moe::now_s();
     Tensor y = Tensor::zeros({T, H}, DType::F32);
     run.add_to(y.data<float>());
     EXPECT_GE(st.comm_wait_s, 0.2);

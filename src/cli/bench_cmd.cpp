@@ -27,7 +27,6 @@
 
 namespace moe {
 
-using bench::now_s;
 using bench::random_tensor;
 
 void add_bench_options(CLI::App* cmd, BenchOptions& o) {

@@ -3,20 +3,17 @@
 // depend only on e, so any rank can rebuild any expert), and the output check.
 #pragma once
 
-#include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "core/clock.h"
 #include "cli/bench_cmd.h"
 #include "comm/communicator.h"
+#include "core/clock.h"
 #include "moe/config.h"
 #include "moe/fused_moe.h"
 
 namespace moe::bench {
-
-using moe::now_s;
 
 // The layer config for --shape (a preset or custom); softmax top-k with renormalisation.
 MoeConfig bench_config(const BenchOptions& o);

@@ -27,7 +27,6 @@ namespace {
 
 using bench::max_over_ranks;
 using bench::median;
-using bench::now_s;
 
 struct Timing {
   double total = 0, compute = 0, shared = 0, comm = 0, bytes = 0, dispatch = 0;

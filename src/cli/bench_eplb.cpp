@@ -28,7 +28,6 @@ namespace moe {
 namespace {
 
 using bench::median;
-using bench::now_s;
 
 // Over n calls cycling through inputs: the slowest rank's median ms per call, and the
 // ranks' median compute time (EpStats::compute_s: routing, packing, experts, combine),

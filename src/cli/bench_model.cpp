@@ -61,7 +61,6 @@ namespace {
 
 using bench::max_over_ranks;
 using bench::median;
-using bench::now_s;
 
 struct ModelShape {
   const char* name;

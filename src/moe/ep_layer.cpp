@@ -104,7 +104,7 @@ Tensor EpMoeLayer::forward_counts(const Tensor& x, const std::vector<int64_t>* k
   MOE_CHECK(x.ndim() == 2 && x.dim(1) == H && x.is_contiguous(),
             "MoE input 'hidden_states' has shape {}, expected [T, {}]", shape_str(x.shape()), H);
   stats_.reset();
-  const double t0 = dispatch::now_s();
+  const double t0 = now_s();
   const int R = world_.size();
   const int64_t T = x.dim(0);
 
@@ -143,7 +143,7 @@ Tensor EpMoeLayer::forward_counts(const Tensor& x, const std::vector<int64_t>* k
     s.forward(x.slice_rows(b, e), y.data<float>() + b * H, stats_);
   }
   stats_.rounds = rounds;
-  stats_.total_s = dispatch::now_s() - t0;
+  stats_.total_s = now_s() - t0;
   return y;
 }
 
@@ -195,7 +195,7 @@ Tensor EpMoeLayer::forward_replicated(const Tensor& x) {
   }
   if (slot_gather_applies(T)) {
     stats_.reset();
-    const double t0 = dispatch::now_s();
+    const double t0 = now_s();
     Tensor y = Tensor::zeros({T, H}, DType::F32);
     if (T > 0) {
       if (!slot_gather_) slot_gather_ = make_slot_gather(*this);
@@ -203,7 +203,7 @@ Tensor EpMoeLayer::forward_replicated(const Tensor& x) {
     }
     stats_.used = resolve(T);
     stats_.rounds = 1;
-    stats_.total_s = dispatch::now_s() - t0;
+    stats_.total_s = now_s() - t0;
     return y;
   }
   const auto [b, e] = even_share(T, r, R);

@@ -55,7 +55,7 @@ struct EpStats {
   double total_s = 0;
   double compute_s = 0;   // gate, routing, packing, experts, combine (not shared)
   double shared_s = 0;    // shared experts (overlapped with comm when enabled)
-  // When the last call's shared experts ran (steady clock, dispatch::now_s): they overlap
+  // When the last call's shared experts ran (steady clock, now_s): they overlap
   // the communication when this lies inside the wait (tests/test_shared_overlap.cpp).
   double shared_begin_s = 0, shared_end_s = 0;
   double comm_wait_s = 0;  // time blocked in communication

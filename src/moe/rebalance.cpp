@@ -41,7 +41,7 @@ void EpMoeLayer::begin_rebalance(Placement next) {
   MOE_CHECK(next.ep() == cur.ep() && next.tp() == cur.tp() && next.n_experts() == cur.n_experts(),
             "rebalance: the new placement ({}) is for another layout than the current one ({})", next.describe(),
             cur.describe());
-  const double t0 = dispatch::now_s();
+  const double t0 = now_s();
   const int tp = cur.tp(), me = world_.rank(), my_ep = me / tp, tp_rank = me % tp;
   const MoeLayerWeights& old = layer_.weights();
   auto p = std::make_unique<Pending>();
@@ -86,13 +86,13 @@ void EpMoeLayer::begin_rebalance(Placement next) {
       }
     }
   p->req = world_.isend_recv(sends, recvs, kRebalanceTag);
-  p->stats.begin_s = dispatch::now_s() - t0;
+  p->stats.begin_s = now_s() - t0;
   pending_ = std::move(p);
 }
 
 RebalanceStats EpMoeLayer::finish_rebalance() {
   MOE_CHECK(pending_, "finish_rebalance: no rebalance was begun");
-  const double t0 = dispatch::now_s();
+  const double t0 = now_s();
   Pending& p = *pending_;
   p.req->wait();
   layer_ = MoeLayer(layer_.config(), std::move(p.w));
@@ -102,7 +102,7 @@ RebalanceStats EpMoeLayer::finish_rebalance() {
   slot_gather_.reset();
   RebalanceStats st = p.stats;
   pending_.reset();
-  st.finish_s = dispatch::now_s() - t0;
+  st.finish_s = now_s() - t0;
   return st;
 }
 

@@ -1,7 +1,6 @@
 #include "runtime/generate.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "core/check.h"

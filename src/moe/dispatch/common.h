@@ -1,7 +1,6 @@
 // Pieces shared by the EP strategies (moe/dispatch/*.cpp). Internal header.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -9,8 +8,6 @@
 #include "moe/ep_layer.h"
 
 namespace moe::dispatch {
-
-using moe::now_s;
 
 // Adds the time spent in its scope to `acc`.
 class ScopedTimer {
