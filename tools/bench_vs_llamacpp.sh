@@ -240,7 +240,7 @@ echo "(\$IDS_FILE: $PREFILL prompt ids, id j = (17 + 104729 j) mod ($VOCAB - 256
 echo
 PYTHONPATH="$REPO/tools" python3 - "$RES" "$CKPT" "$GGUF_DIR" "$FLOOR" "${BW0:-0}" "${BW1:-0}" "$PREFILL" "$DECODE" "${W4_GROUP:-32}" "$LINEARS" <<'EOF'
 import glob, json, os, statistics, struct, sys
-from gguf_refill import parse_header
+from gguf_sizes import CODED, gguf_infos, kind_of
 res, ckpt, gguf_dir, floor = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 bw = max(float(sys.argv[5] or 0), float(sys.argv[6] or 0))
 prefill, decode, w4_group = int(sys.argv[7]), int(sys.argv[8]), int(sys.argv[9])
@@ -254,11 +254,6 @@ med = {k: statistics.median(v) for k, v in vals.items()}
 cfg = json.load(open(f"{ckpt}/config.json"))
 topk, n_exp = cfg["num_experts_per_tok"], cfg["num_experts"]
 kv_elems = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * (prefill + decode / 2)
-
-def kind_of(name):  # expert / embed / other, for both naming schemes
-    if ".experts." in name or "_exps" in name: return "expert"
-    if "embed_tokens" in name or name.startswith("token_embd"): return "embed"
-    return "other"
 
 def moe_bytes(mode):
     """Bytes per decode token with moe-ep's storage of the checkpoint's tensors."""
@@ -289,15 +284,6 @@ def moe_bytes(mode):
                 total += 2.0 * n
     return total + (4.0 if os.environ.get("KV", "bf16") == "f32" else 2.0) * kv_elems  # moe-ep's KV dtype
 
-def gguf_infos(path):
-    """(name, ggml dims, stored bytes) of each tensor of a GGUF: tools/gguf_refill.py's
-    header parser; a tensor's bytes run to the next one's offset (or the file's end)."""
-    with open(path, "rb") as f:
-        start, infos = parse_header(f.read(64 << 20))
-    offs = sorted(i[2] for i in infos) + [os.path.getsize(path) - start]
-    nxt = {a: b for a, b in zip(offs, offs[1:])}
-    return [(name, dims, nxt[off] - off, ty) for name, dims, off, ty in infos]
-
 def gguf_bytes(path):
     """Bytes per decode token from a GGUF's tensor table (stored sizes, any quant type)."""
     total = 0.0
@@ -307,21 +293,6 @@ def gguf_bytes(path):
         elif k == "embed": total += nb / dims[-1]  # one row of [H, V]
         else: total += nb
     return total + 2.0 * kv_elems  # KV f16
-
-# moe-ep's group-coded storage of GGUF's integer types (loader/gguf/gguf_experts.h), bytes
-# per weight: codes (4-bit types half a byte, 5- and 6-bit ones three quarters, Q8_0 one), then for the K-quants per
-# group an i8 scale factor (and a u8 min factor), per 256 an f16 d (and dmin); for the
-# others per group an f16 d (and -m for Q4_1 / Q5_1). The symmetric types' zero point is
-# one code per tensor (CodedFormat::zero), not stored per group. (One rank: no MoE-TP
-# slice cuts a K-quant block.)
-CODED = {2: 0.5 + 2 / 32,               # Q4_0
-         3: 0.5 + 4 / 32,               # Q4_1
-         12: 0.5 + 2 / 32 + 4 / 256,    # Q4_K
-         6: 0.75 + 2 / 32,              # Q5_0
-         8: 1 + 2 / 32,                 # Q8_0
-         14: 0.75 + 1 / 16 + 2 / 256,   # Q6_K (groups of 16): the file's 210 bytes per 256
-         7: 0.75 + 4 / 32,              # Q5_1
-         13: 0.75 + 2 / 32 + 4 / 256}   # Q5_K
 
 def moe_gguf_bytes(path):
     """Bytes per decode token of moe-ep running a GGUF: tensors of integer-coded types in

@@ -34,8 +34,9 @@ SIZES = {0: (4, 1), 1: (2, 1), 30: (2, 1), 2: (18, 32), 8: (34, 32), 12: (144, 2
 NAMES = {0: "F32", 1: "F16", 30: "BF16", 2: "Q4_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 
-def parse_header(data):
-    """(data start, [(name, dims, offset, type)]) of the GGUF whose first bytes are `data`."""
+def parse_header(data, meta=None):
+    """(data start, [(name, dims, offset, type)]) of the GGUF whose first bytes are `data`;
+    its metadata key -> value into `meta` when a dict is given."""
     o = 0
 
     def rd(fmt):
@@ -69,6 +70,8 @@ def parse_header(data):
     for _ in range(n_kv):
         key = rstr()
         val = rval(rd("I"))
+        if meta is not None:
+            meta[key] = val
         if key == "general.alignment":
             align = val
     infos = []

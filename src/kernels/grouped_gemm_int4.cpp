@@ -160,8 +160,8 @@ void pack_coded_rows(PackedExperts& p, int64_t e, const uint8_t* u, const uint8_
       } else if (g6) {
         // A quad's 4 codes of column j sit in 4 consecutive nibble bytes and 4 consecutive
         // top-bit bytes (g6_place), which 1 and 3 other columns share: a word at a time,
-        // read, masked, written (one code at a time was 3/4 of this function's time in a
-        // Q4_K_M GGUF load, whose Q5_K and Q6_K tensors are a fifth of its codes).
+        // read, masked, written (one code at a time was 3/4 of this function's samples in a
+        // Q4_K_M GGUF load, whose Q5_K and Q6_K tensors hold 29 % of its codes).
         const G6Place pl = g6_place(j, 0);
         const uint32_t nm = 0x0f0f0f0fu << pl.nib_shift, tm = 0x03030303u << pl.top_shift;
         int64_t k = 0;

@@ -242,16 +242,31 @@ static void flush(const __m256i* dot, int64_t G, int c0, const float* ws, const 
 // to int16 (vpmovzxbw) and multiplied with the row's 4 activations, widened and
 // broadcast, by vpmaddwd: exact int32 pair sums, two per column per quad, kept apart
 // (columns 0-3 and 4-7 of the ymm) until the group's end, where vphaddd adds each
-// column's two and vpermq puts the 8 columns in order. K gives column block cb's 32 code
-// bytes of quad o (8 columns x 4 k, the quad layout's order) and prefetches quad o.
+// column's two and vpermq puts the 8 columns in order. Each row's quads of a group are
+// widened and broadcast once into av, which the 8 column blocks read (formed per column
+// block, they were 3 of a row's 7 instructions per quad). K gives column block cb's 32
+// code bytes of quad o (8 columns x 4 k, the quad layout's order) and prefetches quad o.
 template <class K>
 struct Avx2Bytes : Avx2 {
   template <int MR, bool kPrefetch>
   static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                           const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb = nullptr) {
     const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
+    struct alignas(32) Quad16 {
+      int16_t v[16];  // a quad's 4 activations as int16, 4 times
+    };
+    thread_local std::vector<Quad16> avb;  // [MR][gq]: row r's quad q0 + i at r * gq + i
+    avb.resize(static_cast<size_t>(MR * gq));
+    const auto* av = reinterpret_cast<const __m256i*>(avb.data());
     for (int64_t G = 0; G < ng; ++G) {
       const int64_t q0 = G * gq, q1 = std::min(n_q, q0 + gq);
+      for (int r = 0; r < MR; ++r)
+        for (int64_t o = q0; o < q1; ++o) {
+          int32_t q;
+          std::memcpy(&q, a[r] + 4 * o, 4);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(&avb[r * gq + (o - q0)]),
+                             _mm256_broadcastq_epi64(_mm_cvtepi8_epi16(_mm_cvtsi32_si128(q))));
+        }
       for (int cb = 0; cb < kPanel / 8; ++cb) {
         __m256i lo[MR], hi[MR];
         for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
@@ -263,11 +278,9 @@ struct Avx2Bytes : Avx2 {
           const __m256i wl = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
           const __m256i wh = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
           for (int r = 0; r < MR; ++r) {
-            int32_t q;
-            std::memcpy(&q, a[r] + 4 * o, 4);
-            const __m256i av = _mm256_broadcastq_epi64(_mm_cvtepi8_epi16(_mm_cvtsi32_si128(q)));
-            lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(wl, av));
-            hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(wh, av));
+            const __m256i v = _mm256_load_si256(av + r * gq + (o - q0));
+            lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(wl, v));
+            hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(wh, v));
           }
         }
         __m256i dot[MR];
