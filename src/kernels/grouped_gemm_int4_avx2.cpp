@@ -251,6 +251,9 @@ struct Avx2Bytes : Avx2 {
   template <int MR, bool kPrefetch>
   static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                           const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb = nullptr) {
+    if constexpr (MR == 1) {
+      return one_row<kPrefetch>(j, panel, ws, wz, wo, a[0], sa, acc, sb);
+    }
     const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
     struct alignas(32) Quad16 {
       int16_t v[16];  // a quad's 4 activations as int16, 4 times
@@ -286,6 +289,40 @@ struct Avx2Bytes : Avx2 {
         __m256i dot[MR];
         for (int r = 0; r < MR; ++r) dot[r] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[r], hi[r]), 0xd8);
         flush<MR>(dot, G, cb * 8, ws, wz, wo, sb, sa + G, ng, acc);
+      }
+    }
+  }
+
+  // One row (batch-1 decode, a one-row prefill block): the panel in memory order, a quad's
+  // 64 columns at a time into 8 int32 accumulators, as the W8A8 kernel streams its panels
+  // (the loop above walks a group's quads once per column block). Signed codes w = u - 128
+  // (u ^ 0x80) go through vpmaddubsw as |w| (<= 128 as unsigned) times sign(a, w)
+  // (|a| <= 127: the Q8 rows' clamp): a pair sum is at most 2 * 128 * 127 = 32512, so
+  // nothing saturates, and sum w * a + 128 * sa is exactly the unsigned dot the flush
+  // takes (the quads' k past K meet zero activations: the rows' pad). Same integers, same
+  // flush: the same bits as the loop above.
+  template <bool kPrefetch>
+  static void one_row(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                      const int8_t* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
+    const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
+    const __m256i ones = _mm256_set1_epi16(1), x80 = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int64_t G = 0; G < ng; ++G) {
+      const int64_t q0 = G * gq, q1 = std::min(n_q, q0 + gq);
+      __m256i s[kPanel / 8];
+      for (auto& v : s) v = _mm256_setzero_si256();
+      for (int64_t o = q0; o < q1; ++o) {
+        if constexpr (kPrefetch) K::prefetch(panel, o);
+        const __m256i av = bcast4(a + 4 * o);
+        for (int cb = 0; cb < kPanel / 8; ++cb) {
+          const __m256i w = _mm256_xor_si256(K::codes(panel, o, cb), x80);
+          const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(av, w));
+          s[cb] = _mm256_add_epi32(s[cb], _mm256_madd_epi16(p, ones));
+        }
+      }
+      const __m256i c = _mm256_set1_epi32(128 * sa[G]);
+      for (int cb = 0; cb < kPanel / 8; ++cb) {
+        const __m256i dot = _mm256_add_epi32(s[cb], c);
+        flush<1>(&dot, G, cb * 8, ws, wz, wo, sb, sa + G, ng, acc);
       }
     }
   }
