@@ -240,7 +240,7 @@ echo "(\$IDS_FILE: $PREFILL prompt ids, id j = (17 + 104729 j) mod ($VOCAB - 256
 echo
 PYTHONPATH="$REPO/tools" python3 - "$RES" "$CKPT" "$GGUF_DIR" "$FLOOR" "${BW0:-0}" "${BW1:-0}" "$PREFILL" "$DECODE" "${W4_GROUP:-32}" "$LINEARS" <<'EOF'
 import glob, json, os, statistics, struct, sys
-from gguf_sizes import CODED, gguf_infos, kind_of
+from gguf_sizes import gguf_infos, kind_of, moe_step_bytes
 res, ckpt, gguf_dir, floor = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 bw = max(float(sys.argv[5] or 0), float(sys.argv[6] or 0))
 prefill, decode, w4_group = int(sys.argv[7]), int(sys.argv[8]), int(sys.argv[9])
@@ -303,15 +303,11 @@ def moe_gguf_bytes(path):
     q4 = linears_q4 and not path.endswith("-BF16.gguf")
     total = 0.0
     for name, dims, nb, ty in gguf_infos(path):
-        n = 1
-        for d in dims: n *= d
-        k = kind_of(name)
-        if k == "expert": total += CODED.get(ty, 2.0) * n * topk / n_exp
-        elif k == "embed": total += nb / dims[-1] if ty in CODED else 2.0 * dims[0]
-        elif "ffn_gate_inp" in name: total += 4.0 * n
-        elif q8 and len(dims) == 2: total += n + 4.0 * dims[1]
-        elif q4 and len(dims) == 2: total += 0.5 * n + 5.0 * dims[1] * -(-dims[0] // w4_group)
-        else: total += CODED.get(ty, 2.0) * n
+        linear = kind_of(name) == "other" and "ffn_gate_inp" not in name and len(dims) == 2
+        n = dims[0] * dims[-1]
+        if q8 and linear: total += n + 4.0 * dims[1]
+        elif q4 and linear: total += 0.5 * n + 5.0 * dims[1] * -(-dims[0] // w4_group)
+        else: total += moe_step_bytes(name, dims, nb, ty, topk, n_exp)
     return total + (4.0 if os.environ.get("KV", "bf16") == "f32" else 2.0) * kv_elems
 
 def fmt(x): return f"{x:.1f}" if x else "-"

@@ -40,3 +40,20 @@ def gguf_infos(path, meta=None):
     offs = sorted(i[2] for i in infos) + [os.path.getsize(path) - start]
     nxt = {a: b for a, b in zip(offs, offs[1:])}
     return [(name, dims, nxt[off] - off, ty) for name, dims, off, ty in infos]
+
+
+def moe_step_bytes(name, dims, nb, ty, topk, n_exp):
+    """Bytes of one GGUF tensor (gguf_infos' fields) that a one-token decode step of moe-ep
+    reads: integer-coded types in their codes (CODED), float ones in bf16, the routed
+    experts' top-k of n, one row of token_embd (its blocks when quantised), the router f32."""
+    n = 1
+    for d in dims:
+        n *= d
+    kind = kind_of(name)
+    if kind == "expert":
+        return CODED.get(ty, 2.0) * n * topk / n_exp
+    if kind == "embed":
+        return nb / dims[-1] if ty in CODED else 2.0 * dims[0]
+    if "ffn_gate_inp" in name:
+        return 4.0 * n
+    return CODED.get(ty, 2.0) * n

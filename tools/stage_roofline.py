@@ -12,10 +12,9 @@ BANDWIDTH_GBS: the read-bandwidth probe of the same minute (`moe-ep bench ... | 
 limits`, as tools/bench_vs_llamacpp.sh takes it). PEAK_GMACS: multiply-adds a second the
 machine's int8 (or f32) instructions can do on the run's threads, if known.
 
-Bytes a decode step reads: each tensor in moe-ep's storage of it (gguf_sizes.CODED for
-the integer types, bf16 for float weights, the router f32), the routed experts' top-k of
-n per layer (a one-token step reads exactly k experts of each layer), one embedding row,
-the KV cache (the run's --kv-cache-dtype) at the mean decode context. Prefill
+Bytes a decode step reads: each tensor as gguf_sizes.moe_step_bytes counts it (moe-ep's
+storage; the routed experts' top-k of n per layer, since a one-token step reads exactly k
+experts of each layer; one embedding row), the KV cache (the run's --kv-cache-dtype) at the mean decode context. Prefill
 multiply-adds: every prompt token through every linear (experts: k of n), the lm_head for
 the last token only, causal attention T(T+1)/2 query-key pairs a head for scores and as
 many for the V sum. Stages not listed (norms, RoPE, residuals) are under "other".
@@ -24,7 +23,7 @@ Needs only the standard library.
 import json
 import sys
 
-from gguf_sizes import CODED, gguf_infos
+from gguf_sizes import gguf_infos, moe_step_bytes
 
 
 def stage_of(name):
@@ -75,15 +74,13 @@ def main(argv):
         st = stage_of(name)
         if st is None:
             continue
+        bytes_[st] = bytes_.get(st, 0) + moe_step_bytes(name, dims, nb, ty, topk, n_exp)
+        if st == "embed":
+            continue
         n = 1
         for d in dims:
             n *= d
-        per_w = 4.0 if st == "route" else CODED.get(ty, 2.0)
-        if st == "embed":
-            bytes_[st] = bytes_.get(st, 0) + (nb / dims[-1] if ty in CODED else 2.0 * dims[0])
-            continue
         share = topk / n_exp if "_exps" in name else 1.0
-        bytes_[st] = bytes_.get(st, 0) + per_w * n * share
         macs[st] = macs.get(st, 0) + n * share * (1 if st == "lm_head" else T)
     kv_bytes = 4.0 if run.get("kv_cache", {}).get("dtype") == "f32" else 2.0
     bytes_["attn_core"] = layers * 2 * kv_heads * head_dim * ctx * kv_bytes
