@@ -123,6 +123,9 @@ const Case kCases[] = {
     // (32), and f32 scales with an odd k, gated.
     {2, 70, 256, false, {32, 4, false, 1, 8}}, {2, 2 * 96, 256, true, {32, 8, false, 1, 128}},
     {2, 2 * 64, 768, true, {16, 8, false, 16, 32}}, {3, 2 * 40, 301, true, {32, 4, false, 0, 15}},
+    // 8-bit codes with one zero point other than Q8_0's 128 (the AVX2 runner's signed sums
+    // equal the zero-point form's integers only for 128).
+    {3, 2 * 40, 301, true, {32, 8, false, 1, 100}},
     // 6-bit codes (Q5_*, Q6_K): Q6_K's super-blocks with its zero point, Q5_K's, Q5_1's f16
     // d and -m, and odd shapes with f32 scales and per-group zero points or offsets.
     {2, 2 * 64, 768, true, {16, 6, false, 16, 32}}, {2, 70, 512, false, {32, 6, true, 8}},

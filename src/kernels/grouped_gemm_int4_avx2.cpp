@@ -237,74 +237,108 @@ static void flush(const __m256i* dot, int64_t G, int c0, const float* ws, const 
 
 };
 
-// 8-bit codes (the quad layout of grouped_gemm_int4_impl.h). vpmaddubsw would saturate
-// (a code pair times activations reaches 2 * 255 * 127 > 32767), so the codes are widened
-// to int16 (vpmovzxbw) and multiplied with the row's 4 activations, widened and
-// broadcast, by vpmaddwd: exact int32 pair sums, two per column per quad, kept apart
-// (columns 0-3 and 4-7 of the ymm) until the group's end, where vphaddd adds each
-// column's two and vpermq puts the 8 columns in order. Each row's quads of a group are
-// widened and broadcast once into av, which the 8 column blocks read (formed per column
-// block, they were 3 of a row's 7 instructions per quad). K gives column block cb's 32
-// code bytes of quad o (8 columns x 4 k, the quad layout's order) and prefetches quad o.
+// 8-bit codes (the quad layout of grouped_gemm_int4_impl.h). vpmaddubsw of the unsigned
+// codes would saturate (a code pair times activations reaches 2 * 255 * 127 > 32767), so
+// both runners make the codes signed, w = u - 128 (u ^ 0x80), and multiply |w| (<= 128 as
+// unsigned) by sign(a, w) (|a| <= 127: the Q8 rows' clamp): a pair sum is at most
+// 2 * 128 * 127 = 32512, so nothing saturates, and vpmaddwd with ones adds the pairs into
+// int32 exactly. sum w * a + 128 * sa is exactly the unsigned dot the flush takes (the
+// quads' k past K meet zero activations: the rows' pad), so the bits are those of the
+// portable runner. K gives column block cb's 32 code bytes of quad o (8 columns x 4 k, the
+// quad layout's order) and prefetches quad o.
 template <class K>
 struct Avx2Bytes : Avx2 {
+  static constexpr int kMaxRows = 8;
   template <int MR, bool kPrefetch>
   static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                           const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb = nullptr) {
     if constexpr (MR == 1) {
-      return one_row<kPrefetch>(j, panel, ws, wz, wo, a[0], sa, acc, sb);
+      one_row<kPrefetch>(j, panel, ws, wz, wo, a[0], sa, acc, sb);
+    } else {
+      rows<MR, kPrefetch>(j, panel, ws, wz, wo, a, sa, acc, sb);
     }
+  }
+
+  // acc[r][c0..c0+8) += group G's dequantised sums from the signed sums s[r] (sum w * a).
+  // GGUF's Q8_0 (one zero point 128, scales only) takes s as it is: dot - 128 * sa = s,
+  // the same integer the flush forms, so the same bits with neither the correction nor
+  // its vpmulld. Other forms get the unsigned dot back and go through the flush.
+  template <int MR>
+  static void flush_signed(const __m256i* s, bool plain, int64_t G, int c0, const float* ws, const uint8_t* wz,
+                           const float* wo, const SbSrc* sb, const int32_t* sa, int64_t ng, float (*acc)[kPanel]) {
+    if (plain) {
+      const int64_t at = G * kPanel + c0, hat = sb ? (G / sb->gps) * kPanel + c0 : 0;
+      const __m256 sc = ws ? _mm256_loadu_ps(ws + at) : sb8(sb->d, sb->sc, nullptr, hat, at);
+      for (int r = 0; r < MR; ++r) {
+        float* dst = acc[r] + c0;
+        _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), _mm256_mul_ps(_mm256_cvtepi32_ps(s[r]), sc)));
+      }
+      return;
+    }
+    __m256i dot[MR];
+    for (int r = 0; r < MR; ++r) dot[r] = _mm256_add_epi32(s[r], _mm256_set1_epi32(128 * sa[r * ng]));
+    flush<MR>(dot, G, c0, ws, wz, wo, sb, sa, ng, acc);
+  }
+
+  // Two rows or more (prefill, batched decode): per group, each column block's quads into
+  // one int32 accumulator per row, the code load, sign flip and |w| shared by the rows.
+  // Each row's quads of the group are broadcast once into bb, which the 8 column blocks
+  // read with plain loads (vpbroadcastd from a register takes a shuffle port). This
+  // replaced widening the codes to int16 for vpmaddwd, whose vphaddd / vpermq and
+  // zero-point correction per group cost about a third of the loop:
+  // a gated 1536 x 2048 Q8_0-form expert GEMM at 32 rows per expert took 28.5 ms for 16
+  // experts on 2 threads of a Zen 3 (56 G multiply-adds/s); docs/PERF.md, fifteenth session.
+  template <int MR, bool kPrefetch>
+  static void rows(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                   const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
     const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
-    struct alignas(32) Quad16 {
-      int16_t v[16];  // a quad's 4 activations as int16, 4 times
+    const bool plain = j.i4_uniform_zero == 128 && !wo && (ws || !sb->m);
+    const __m256i ones = _mm256_set1_epi16(1), x80 = _mm256_set1_epi8(static_cast<char>(0x80));
+    struct alignas(32) Quad8 {
+      int8_t v[32];  // a quad's 4 activations, 8 times
     };
-    thread_local std::vector<Quad16> avb;  // [MR][gq]: row r's quad q0 + i at r * gq + i
-    avb.resize(static_cast<size_t>(MR * gq));
-    const auto* av = reinterpret_cast<const __m256i*>(avb.data());
+    thread_local std::vector<Quad8> bb;  // [MR][gq]: row r's quad q0 + i at r * gq + i
+    bb.resize(static_cast<size_t>(MR * gq));
+    const auto* bv = reinterpret_cast<const __m256i*>(bb.data());
     for (int64_t G = 0; G < ng; ++G) {
       const int64_t q0 = G * gq, q1 = std::min(n_q, q0 + gq);
       for (int r = 0; r < MR; ++r)
-        for (int64_t o = q0; o < q1; ++o) {
-          int32_t q;
-          std::memcpy(&q, a[r] + 4 * o, 4);
-          _mm256_store_si256(reinterpret_cast<__m256i*>(&avb[r * gq + (o - q0)]),
-                             _mm256_broadcastq_epi64(_mm_cvtepi8_epi16(_mm_cvtsi32_si128(q))));
-        }
+        for (int64_t o = q0; o < q1; ++o)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(&bb[r * gq + (o - q0)]), bcast4(a[r] + 4 * o));
       for (int cb = 0; cb < kPanel / 8; ++cb) {
-        __m256i lo[MR], hi[MR];
-        for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+        if constexpr (!kPrefetch) {
+          // The next group's quads into L1, an eighth per column block: column block cb
+          // reads 32 bytes of each of the group's quads, one line in 8 of a 256-byte quad,
+          // and the L2 latencies of those strided lines stalled the first of each line's
+          // two readers.
+          for (int64_t o = q1 + cb * gq / 8; o < q1 + (cb + 1) * gq / 8 && o < n_q; ++o) K::prefetch_l1(panel, o);
+        }
+        __m256i s[MR];
+        for (int r = 0; r < MR; ++r) s[r] = _mm256_setzero_si256();
         for (int64_t o = q0; o < q1; ++o) {
           if constexpr (kPrefetch) {
             if (cb == 0) K::prefetch(panel, o);
           }
-          const __m256i w = K::codes(panel, o, cb);
-          const __m256i wl = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
-          const __m256i wh = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
+          const __m256i w = _mm256_xor_si256(K::codes(panel, o, cb), x80), u = _mm256_abs_epi8(w);
           for (int r = 0; r < MR; ++r) {
-            const __m256i v = _mm256_load_si256(av + r * gq + (o - q0));
-            lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(wl, v));
-            hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(wh, v));
+            const __m256i p = _mm256_maddubs_epi16(u, _mm256_sign_epi8(_mm256_load_si256(bv + r * gq + (o - q0)), w));
+            s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(p, ones));
           }
         }
-        __m256i dot[MR];
-        for (int r = 0; r < MR; ++r) dot[r] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[r], hi[r]), 0xd8);
-        flush<MR>(dot, G, cb * 8, ws, wz, wo, sb, sa + G, ng, acc);
+        flush_signed<MR>(s, plain, G, cb * 8, ws, wz, wo, sb, sa + G, ng, acc);
       }
     }
   }
 
   // One row (batch-1 decode, a one-row prefill block): the panel in memory order, a quad's
   // 64 columns at a time into 8 int32 accumulators, as the W8A8 kernel streams its panels
-  // (the loop above walks a group's quads once per column block). Signed codes w = u - 128
-  // (u ^ 0x80) go through vpmaddubsw as |w| (<= 128 as unsigned) times sign(a, w)
-  // (|a| <= 127: the Q8 rows' clamp): a pair sum is at most 2 * 128 * 127 = 32512, so
-  // nothing saturates, and sum w * a + 128 * sa is exactly the unsigned dot the flush
-  // takes (the quads' k past K meet zero activations: the rows' pad). Same integers, same
-  // flush: the same bits as the loop above.
+  // (rows() walks a group's quads once per column block, which read 32 bytes at a 256-byte
+  // stride here, where nothing else hides the stream).
   template <bool kPrefetch>
   static void one_row(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                       const int8_t* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
     const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
+    const bool plain = j.i4_uniform_zero == 128 && !wo && (ws || !sb->m);
     const __m256i ones = _mm256_set1_epi16(1), x80 = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int64_t G = 0; G < ng; ++G) {
       const int64_t q0 = G * gq, q1 = std::min(n_q, q0 + gq);
@@ -319,11 +353,7 @@ struct Avx2Bytes : Avx2 {
           s[cb] = _mm256_add_epi32(s[cb], _mm256_madd_epi16(p, ones));
         }
       }
-      const __m256i c = _mm256_set1_epi32(128 * sa[G]);
-      for (int cb = 0; cb < kPanel / 8; ++cb) {
-        const __m256i dot = _mm256_add_epi32(s[cb], c);
-        flush<1>(&dot, G, cb * 8, ws, wz, wo, sb, sa + G, ng, acc);
-      }
+      for (int cb = 0; cb < kPanel / 8; ++cb) flush_signed<1>(s + cb, plain, G, cb * 8, ws, wz, wo, sb, sa + G, ng, acc);
     }
   }
 };
@@ -335,6 +365,10 @@ struct G8Codes {
   static void prefetch(const uint8_t* panel, int64_t o) {
     const char* pf = reinterpret_cast<const char*>(panel + o * kI4OctetBytes) + kPrefetchBytes;
     for (int b = 0; b < 256; b += 64) _mm_prefetch(pf + b, _MM_HINT_T1);
+  }
+  static void prefetch_l1(const uint8_t* panel, int64_t o) {
+    const char* q = reinterpret_cast<const char*>(panel + o * kI4OctetBytes);
+    for (int b = 0; b < 256; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
   }
 };
 
