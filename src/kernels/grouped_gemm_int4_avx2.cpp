@@ -64,6 +64,8 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
                         const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb = nullptr) {
   if constexpr (!kPrefetch) {
     if (ws && j.i4_group == 32 && j.k % 32 == 0) return panel_block_g32<MR>(j, panel, ws, wz, wo, a, sa, acc);
+  } else if constexpr (MR == 1) {
+    if (j.i4_group <= 32) return one_row_g32(j, panel, ws, wz, wo, a[0], sa, acc, sb);
   }
   const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group / 8;
   const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
@@ -100,6 +102,38 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
         for (int r = 0; r < MR; ++r) a32[r] = _mm256_add_epi32(a32[r], _mm256_madd_epi16(a16[r], ones));
       }
       flush<MR>(a32, G, cb * 8, ws, wz, wo, sb, sa + G, ng, acc);
+    }
+  }
+}
+
+// Batch-1 decode with groups of at most 32 k (at most 4 octets: Q4_0, Q4_1, Q4_K, int4
+// g32): the panel in memory order, each octet's 8 column blocks into 8 int16 accumulators
+// (the group's sums, at most 30720: the bound above), where the loop above walks a
+// group's octets once per column block, 32 bytes at a 256-byte stride. The same int16
+// sums, widened and flushed the same way: the same bits. (The 8-bit runner's one_row did
+// the same for Q8_0: a decode step at 512 went from 14.5-15.5 to 10.1-11.7 ms.)
+static void one_row_g32(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                        const int8_t* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
+  const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group / 8;
+  const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int64_t G = 0; G < ng; ++G) {
+    const int64_t o0 = G * go, o1 = std::min(n_oct, o0 + go);
+    __m256i s[kPanel / 8];
+    for (auto& v : s) v = _mm256_setzero_si256();
+    for (int64_t o = o0; o < o1; ++o) {
+      const uint8_t* bp = panel + o * kI4OctetBytes;
+      const char* pf = reinterpret_cast<const char*>(bp) + kPrefetchBytes;
+      for (int b = 0; b < kI4OctetBytes; b += 64) _mm_prefetch(pf + b, _MM_HINT_T1);
+      const __m256i al = bcast4(a + 8 * o), ah = bcast4(a + 8 * o + 4);
+      for (int cb = 0; cb < kPanel / 8; ++cb) {
+        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(bp + cb * 32));
+        const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+        s[cb] = _mm256_add_epi16(s[cb], _mm256_add_epi16(_mm256_maddubs_epi16(lo, al), _mm256_maddubs_epi16(hi, ah)));
+      }
+    }
+    for (int cb = 0; cb < kPanel / 8; ++cb) {
+      const __m256i dot = _mm256_madd_epi16(s[cb], ones);
+      flush<1>(&dot, G, cb * 8, ws, wz, wo, sb, sa + G, ng, acc);
     }
   }
 }
@@ -285,9 +319,11 @@ struct Avx2Bytes : Avx2 {
   // Each row's quads of the group are broadcast once into bb, which the 8 column blocks
   // read with plain loads (vpbroadcastd from a register takes a shuffle port). This
   // replaced widening the codes to int16 for vpmaddwd, whose vphaddd / vpermq and
-  // zero-point correction per group cost about a third of the loop:
-  // a gated 1536 x 2048 Q8_0-form expert GEMM at 32 rows per expert took 28.5 ms for 16
-  // experts on 2 threads of a Zen 3 (56 G multiply-adds/s); docs/PERF.md, fifteenth session.
+  // zero-point correction per group took about a third of the loop's samples: in a Q8_0
+  // prefill of 512 tokens on 2 threads of a Zen 3 the expert GEMMs went from 61 to 97 G
+  // multiply-adds/s (generate --profile; docs/PERF.md, fifteenth session). Per 32
+  // multiply-adds of a row the loop is 4 vector instructions (vpsignb, vpmaddubsw,
+  // vpmaddwd, vpaddd), the least 8-bit by 8-bit products take without VNNI.
   template <int MR, bool kPrefetch>
   static void rows(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                    const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
@@ -308,9 +344,9 @@ struct Avx2Bytes : Avx2 {
       for (int cb = 0; cb < kPanel / 8; ++cb) {
         if constexpr (!kPrefetch) {
           // The next group's quads into L1, an eighth per column block: column block cb
-          // reads 32 bytes of each of the group's quads, one line in 8 of a 256-byte quad,
-          // and the L2 latencies of those strided lines stalled the first of each line's
-          // two readers.
+          // reads 32 bytes of each of the group's quads (half a line, at a 256-byte
+          // stride), and waiting on L2 for those lines stalled the first of each line's
+          // two readers (the expert GEMM alone, one thread: 1.12x with this).
           for (int64_t o = q1 + cb * gq / 8; o < q1 + (cb + 1) * gq / 8 && o < n_q; ++o) K::prefetch_l1(panel, o);
         }
         __m256i s[MR];
@@ -387,9 +423,59 @@ struct Avx2G6 : Avx2 {
   template <int MR, bool kPrefetch>
   static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                           const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb = nullptr) {
-    const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    if constexpr (MR == 1 && kPrefetch) {
+      one_row(j, panel, ws, wz, wo, a[0], sa, acc, sb);
+    } else {
+      blocks<MR, kPrefetch>(j, panel, ws, wz, wo, a, sa, acc, sb);
+    }
+  }
+
+  // Chunk ch's codes of one quad: columns 16 ch .. 16 ch + 8 into cl, the next 8 into chi.
+  static void chunk(const uint8_t* quad, int ch, __m256i* cl, __m256i* chi) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     const __m256i sh = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
+    const __m256i nb = _mm256_load_si256(reinterpret_cast<const __m256i*>(quad + 32 * ch));
+    const __m256i top = _mm256_srlv_epi32(
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(quad + 128 + 16 * ch))), sh);
+    *cl = _mm256_or_si256(_mm256_and_si256(nb, m4), _mm256_and_si256(_mm256_slli_epi16(top, 4), m30));
+    *chi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nb, 4), m4), _mm256_and_si256(top, m30));
+  }
+
+  // Batch-1 decode: the panel in memory order, each quad's 4 chunks into 8 int32
+  // accumulators, where blocks() walks a group's quads once per chunk, 48 of each quad's
+  // 192 bytes at a time. The same int32 sums and flush: the same bits.
+  static void one_row(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                      const int8_t* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
+    const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t G = 0; G < ng; ++G) {
+      const int64_t q0 = G * gq, q1 = std::min(n_q, q0 + gq);
+      __m256i lo[4], hi[4];
+      for (int ch = 0; ch < 4; ++ch) lo[ch] = hi[ch] = _mm256_setzero_si256();
+      for (int64_t o = q0; o < q1; ++o) {
+        const uint8_t* quad = panel + o * kG6QuadBytes;
+        for (int b = 0; b < kG6QuadBytes; b += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(quad) + kPrefetchBytes + b, _MM_HINT_T1);
+        const __m256i av = bcast4(a + 4 * o);
+        for (int ch = 0; ch < 4; ++ch) {
+          __m256i cl, chi;
+          chunk(quad, ch, &cl, &chi);
+          lo[ch] = _mm256_add_epi32(lo[ch], _mm256_madd_epi16(_mm256_maddubs_epi16(cl, av), ones));
+          hi[ch] = _mm256_add_epi32(hi[ch], _mm256_madd_epi16(_mm256_maddubs_epi16(chi, av), ones));
+        }
+      }
+      for (int ch = 0; ch < 4; ++ch) {
+        flush<1>(lo + ch, G, 16 * ch, ws, wz, wo, sb, sa + G, ng, acc);
+        flush<1>(hi + ch, G, 16 * ch + 8, ws, wz, wo, sb, sa + G, ng, acc);
+      }
+    }
+  }
+
+  template <int MR, bool kPrefetch>
+  static void blocks(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                     const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
+    const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t G = 0; G < ng; ++G) {
       const int64_t q0 = G * gq, q1 = std::min(n_q, q0 + gq);
       for (int ch = 0; ch < 4; ++ch) {
@@ -402,13 +488,8 @@ struct Avx2G6 : Avx2 {
               for (int b = 0; b < kG6QuadBytes; b += 64)
                 _mm_prefetch(reinterpret_cast<const char*>(quad) + kPrefetchBytes + b, _MM_HINT_T1);
           }
-          const __m256i nb = _mm256_load_si256(reinterpret_cast<const __m256i*>(quad + 32 * ch));
-          const __m256i top = _mm256_srlv_epi32(
-              _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(quad + 128 + 16 * ch))), sh);
-          const __m256i cl =
-              _mm256_or_si256(_mm256_and_si256(nb, m4), _mm256_and_si256(_mm256_slli_epi16(top, 4), m30));
-          const __m256i chi =
-              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nb, 4), m4), _mm256_and_si256(top, m30));
+          __m256i cl, chi;
+          chunk(quad, ch, &cl, &chi);
           for (int r = 0; r < MR; ++r) {
             const __m256i av = bcast4(a[r] + 4 * o);
             lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(_mm256_maddubs_epi16(cl, av), ones));
