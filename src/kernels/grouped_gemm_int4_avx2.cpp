@@ -110,8 +110,8 @@ static void panel_block(const Job& j, const uint8_t* panel, const float* ws, con
 // g32): the panel in memory order, each octet's 8 column blocks into 8 int16 accumulators
 // (the group's sums, at most 30720: the bound above), where the loop above walks a
 // group's octets once per column block, 32 bytes at a 256-byte stride. The same int16
-// sums, widened and flushed the same way: the same bits. (The 8-bit runner's one_row did
-// the same for Q8_0: a decode step at 512 went from 14.5-15.5 to 10.1-11.7 ms.)
+// sums, widened and flushed the same way: the same bits. Q4_0 decode at 512 on 2 threads
+// of a Zen 3 went from 99.6-110.0 to 117.6-132.4 tokens/s (docs/PERF.md, fifteenth session).
 static void one_row_g32(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                         const int8_t* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
   const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group / 8;
@@ -443,7 +443,9 @@ struct Avx2G6 : Avx2 {
 
   // Batch-1 decode: the panel in memory order, each quad's 4 chunks into 8 int32
   // accumulators, where blocks() walks a group's quads once per chunk, 48 of each quad's
-  // 192 bytes at a time. The same int32 sums and flush: the same bits.
+  // 192 bytes at a time. The same int32 sums and flush: the same bits. With one_row_g32,
+  // Q4_K_M decode at 512 (its ffn_down half Q6_K, attn_output Q5_K, lm_head Q6_K) went
+  // from 102.3-117.8 to 118.4-127.5 tokens/s (docs/PERF.md, fifteenth session).
   static void one_row(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                       const int8_t* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
     const int64_t n_q = g8_quads(j.k), ng = j.i4_n_groups, gq = j.i4_group / 4;
