@@ -323,7 +323,7 @@ struct Avx2Bytes : Avx2 {
   // prefill of 512 tokens on 2 threads of a Zen 3 the expert GEMMs went from 61 to 97 G
   // multiply-adds/s (generate --profile; docs/PERF.md, fifteenth session). Per 32
   // multiply-adds of a row the loop is 4 vector instructions (vpsignb, vpmaddubsw,
-  // vpmaddwd, vpaddd), the least 8-bit by 8-bit products take without VNNI.
+  // vpmaddwd, vpaddd), the fewest we found for 8-bit by 8-bit products without VNNI.
   template <int MR, bool kPrefetch>
   static void rows(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                    const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
