@@ -62,11 +62,19 @@ static void epilogue_row(const Job& j, float* acc, float a_scale, char* crow, in
 template <int MR, bool kPrefetch>
 static void panel_block(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                         const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb = nullptr) {
-  if constexpr (!kPrefetch) {
-    if (ws && j.i4_group == 32 && j.k % 32 == 0) return panel_block_g32<MR>(j, panel, ws, wz, wo, a, sa, acc);
-  } else if constexpr (MR == 1) {
+  if constexpr (MR == 1 && kPrefetch) {
     if (j.i4_group <= 32) return one_row_g32(j, panel, ws, wz, wo, a[0], sa, acc, sb);
+    return one_row_wide(j, panel, ws, wz, wo, a[0], sa, acc, sb);
+  } else {
+    if (!kPrefetch && ws && j.i4_group == 32 && j.k % 32 == 0) return panel_block_g32<MR>(j, panel, ws, wz, wo, a, sa, acc);
+    blocks<MR, kPrefetch>(j, panel, ws, wz, wo, a, sa, acc, sb);
   }
+}
+
+// Row blocks (prefill, batched decode): per group and column block, the group's octets.
+template <int MR, bool kPrefetch>
+static void blocks(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                   const int8_t* const* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
   const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group / 8;
   const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   for (int64_t G = 0; G < ng; ++G) {
@@ -134,6 +142,45 @@ static void one_row_g32(const Job& j, const uint8_t* panel, const float* ws, con
     for (int cb = 0; cb < kPanel / 8; ++cb) {
       const __m256i dot = _mm256_madd_epi16(s[cb], ones);
       flush<1>(&dot, G, cb * 8, ws, wz, wo, sb, sa + G, ng, acc);
+    }
+  }
+}
+
+// Batch-1 decode with groups of 64 or 128 k (GPTQ, AWQ, compressed-tensors): 8 int16 and
+// 8 int32 accumulators do not fit the 16 ymm next to the codes, so each group takes two
+// passes of 4 column blocks, each reading 128 contiguous bytes of every octet (the loop
+// above read 32 at a 256-byte stride: `moe-ep bench --dtype int4 --int4-group 128
+// --tokens 1` streamed at 0.45-0.53 of the probed bandwidth, g32 at 0.84). The int16
+// sums of 4 octets, then int32, as above: the same bits.
+static void one_row_wide(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
+                         const int8_t* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
+  const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group / 8;
+  const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int64_t G = 0; G < ng; ++G) {
+    const int64_t o0 = G * go, o1 = std::min(n_oct, o0 + go);
+    for (int half = 0; half < 2; ++half) {
+      __m256i s32[4];
+      for (auto& v : s32) v = _mm256_setzero_si256();
+      for (int64_t o = o0; o < o1; o += 4) {
+        const int64_t oe = std::min(o1, o + 4);
+        __m256i s16[4];
+        for (auto& v : s16) v = _mm256_setzero_si256();
+        for (int64_t oo = o; oo < oe; ++oo) {
+          const uint8_t* bp = panel + oo * kI4OctetBytes + 128 * half;
+          if (half == 0) {
+            const char* pf = reinterpret_cast<const char*>(bp) + kPrefetchBytes;
+            for (int b = 0; b < kI4OctetBytes; b += 64) _mm_prefetch(pf + b, _MM_HINT_T1);
+          }
+          const __m256i al = bcast4(a + 8 * oo), ah = bcast4(a + 8 * oo + 4);
+          for (int c = 0; c < 4; ++c) {
+            const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(bp + c * 32));
+            const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+            s16[c] = _mm256_add_epi16(s16[c], _mm256_add_epi16(_mm256_maddubs_epi16(lo, al), _mm256_maddubs_epi16(hi, ah)));
+          }
+        }
+        for (int c = 0; c < 4; ++c) s32[c] = _mm256_add_epi32(s32[c], _mm256_madd_epi16(s16[c], ones));
+      }
+      for (int c = 0; c < 4; ++c) flush<1>(s32 + c, G, (4 * half + c) * 8, ws, wz, wo, sb, sa + G, ng, acc);
     }
   }
 }
