@@ -48,12 +48,15 @@ void add_bench_options(CLI::App* cmd, BenchOptions& o) {
   cmd->add_option("--dtype", o.dtype,
                   "Compute dtype: bf16, f32, int8 (W8A8 routed experts; router f32, shared experts bf16) or fp8 "
                   "(routed experts e4m3 with 128x128 block scales, dequantised to bf16 inside the GEMM) or int4 (W4A8 "
-                  "routed experts: 4-bit weights in groups of --int4-group, int8 activations); a comma list (e.g. "
-                  "bf16,int8,int4,fp8) benchmarks each in turn and compares them")
+                  "routed experts: 4-bit weights in groups of --int4-group, int8 activations) or q8_0, q5_0, q4_0 "
+                  "(routed experts in the codes a GGUF of that type loads into: 8-, 6- or 4-bit codes in groups of 32 "
+                  "with an f16 scale, int8 activations); a comma list (e.g. bf16,int8,int4,fp8) benchmarks each in "
+                  "turn and compares them")
       ->check([](const std::string& v) {
         for (const std::string& d : bench::dtype_list(v))
-          if (d != "f32" && d != "bf16" && d != "int8" && d != "int4" && d != "fp8")
-            return "unknown dtype " + d + " (f32, bf16, int8, int4, fp8)";
+          if (d != "f32" && d != "bf16" && d != "int8" && d != "int4" && d != "fp8" && d != "q8_0" && d != "q5_0" &&
+              d != "q4_0")
+            return "unknown dtype " + d + " (f32, bf16, int8, int4, fp8, q8_0, q5_0, q4_0)";
         return std::string();
       })
       ->capture_default_str();
@@ -81,14 +84,15 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
                      std::map<int64_t, double>& ms_per_call) {
   const MoeConfig cfg = bench::bench_config(o);
   int64_t int4_group = 0;
-  const DType dtype = bench::bench_dtype(dtype_str, o.int4_group, &int4_group);
+  std::optional<CodedFormat> coded;
+  const DType dtype = bench::bench_dtype(dtype_str, o.int4_group, &int4_group, &coded);
   const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts, k = cfg.top_k;
   const int threads = num_threads();
 
   fmt::print("moe-ep bench: shape {} (H={} I={} E={} k={}), dtype {}, {} threads\n  cpu: {}\n", o.shape, H, I, E,
              k, dtype_str, threads, cpu_summary());
   const double t_build = now_s();
-  MoeLayer layer(cfg, bench::random_layer(cfg, dtype, 0, E, 0, 1, int4_group));
+  MoeLayer layer(cfg, bench::random_layer(cfg, dtype, 0, E, 0, 1, int4_group, coded ? &*coded : nullptr));
   // Int4: nibbles + scales + zero points; FP8: codes + block scales.
   const size_t expert_bytes = bench::expert_read_bytes(layer.weights());
   const double gate_bytes = double(E) * H * 4;
@@ -111,7 +115,7 @@ bool bench_one_dtype(const BenchOptions& o, const std::string& dtype_str, nlohma
   const double bw = std::min(bw_probe, bw_weights);
   // The peak of the instructions this dtype's kernel runs at the active ISA level
   // (kernels/probes.h, kernel_peak_probe): e.g. bf16 on AVX2 widens to f32 and FMAs.
-  const PeakProbe probe = kernel_peak_probe(dtype, int4_group > 0);
+  const PeakProbe probe = kernel_peak_probe(dtype, int4_group > 0 || coded.has_value());
   const double peak = measure_peak(probe, threads);
   fmt::print("  limits: read bandwidth {:.1f} GB/s (512 MB probe buffer {:.1f}, the weights themselves {:.1f}), "
              "peak: {} {:.0f} {}\n\n",

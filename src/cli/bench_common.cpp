@@ -165,10 +165,53 @@ std::pair<Tensor, Tensor> expert_weights(const MoeConfig& cfg, int64_t e, DType 
           random_tensor({H, I}, std::sqrt(3.f / I), 101 + 2 * e, dtype)};
 }
 
-DType bench_dtype(const std::string& name, int64_t group, int64_t* int4_group) {
+DType bench_dtype(const std::string& name, int64_t group, int64_t* int4_group, std::optional<CodedFormat>* coded) {
   *int4_group = name == "int4" ? group : 0;
+  // GGUF's symmetric types as moe-ep loads them: codes in groups of 32 with an f16 scale
+  // and one zero point (gguf_types.cpp): Q8_0 in 8-bit codes, Q5_0 in 6-bit, Q4_0 in 4-bit.
+  const std::optional<CodedFormat> f = name == "q8_0"   ? CodedFormat{32, 8, false, 1, 128}
+                                       : name == "q5_0" ? CodedFormat{32, 6, false, 1, 16}
+                                       : name == "q4_0" ? CodedFormat{32, 4, false, 1, 8}
+                                                        : std::optional<CodedFormat>();
+  if (f) {
+    MOE_CHECK(coded, "--dtype {}: GGUF-coded experts are benchmarked by `moe-ep bench` alone", name);
+    *coded = f;
+    return DType::I8;
+  }
+  if (coded) coded->reset();
   return name == "int4" ? DType::I8 : parse_dtype(name);
 }
+
+namespace {
+// w [n, k] f32 in format f (symmetric: one zero point z, an f16 scale per group of 32):
+// d = f16(amax / (z - 1)), code = clamp(round(x / d) + z, 0, 2z - 1), as llama.cpp's Q8_0
+// quantiser (z = 128) and close to its Q4_0 / Q5_0 ones (which take d from the signed
+// extreme): random weights need only the format, not that quantiser's choice.
+CodedWeight quantize_symmetric(const Tensor& w, const CodedFormat& f) {
+  const int64_t n = w.dim(0), k = w.dim(1), ng = int4_n_groups(k, f.group), z = f.zero;
+  CodedWeight c;
+  c.u = Tensor::empty({n, k}, DType::U8);
+  c.sb_d = Tensor::empty({n, ng}, DType::F16);
+  c.zero = Tensor::empty({n, ng}, DType::U8);
+  std::memset(c.zero.raw(), static_cast<int>(z), c.zero.nbytes());
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t g = 0; g < ng; ++g) {
+      const float* x = w.data<float>() + r * k + g * f.group;
+      const int64_t len = std::min(f.group, k - g * f.group);
+      float amax = 0.f;
+      for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const uint16_t h = f32_to_f16(amax / static_cast<float>(z - 1));
+      c.sb_d.data<uint16_t>()[r * ng + g] = h;
+      const float d = f16_to_f32(h);
+      for (int64_t i = 0; i < len; ++i) {
+        const float q = d > 0.f ? std::nearbyint(x[i] / d) : 0.f;
+        c.u.data<uint8_t>()[r * k + g * f.group + i] =
+            static_cast<uint8_t>(std::clamp<float>(q + static_cast<float>(z), 0.f, static_cast<float>(2 * z - 1)));
+      }
+    }
+  return c;
+}
+}  // namespace
 
 size_t expert_read_bytes(const MoeLayerWeights& w) {
   auto one = [](const PackedExperts& p) {
@@ -181,7 +224,7 @@ size_t expert_read_bytes(const MoeLayerWeights& w) {
 }
 
 MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, int64_t end, int tp_rank, int tp,
-                             int64_t int4_group) {
+                             int64_t int4_group, const CodedFormat* coded) {
   const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size, E = cfg.n_experts;
   MOE_CHECK(I % tp == 0, "--tp {} does not divide the intermediate size {}", tp, I);
   const int64_t Il = I / tp, i0 = tp_rank * Il;
@@ -200,6 +243,16 @@ MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, i
       const Fp8Expert f = fp8_expert(cfg, e);
       pack_expert_fp8(w.w13, e - begin, f.w13, f.s13, kFp8Block);
       pack_expert_fp8(w.w2, e - begin, f.w2, f.s2, kFp8Block);
+    }
+  } else if (coded) {
+    MOE_CHECK(dtype == DType::I8, "GGUF-coded experts take int8 activations");
+    w.w13 = make_packed_experts_coded(end - begin, 2 * Il, H, true, *coded);
+    w.w2 = make_packed_experts_coded(end - begin, H, Il, false, *coded);
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t e = begin; e < end; ++e) {
+      const auto [w13, w2] = expert_weights(cfg, e, DType::F32);
+      pack_expert_coded(w.w13, e - begin, quantize_symmetric(tp == 1 ? w13 : gate_up_slice(w13, I, i0, i0 + Il), *coded));
+      pack_expert_coded(w.w2, e - begin, quantize_symmetric(tp == 1 ? w2 : column_slice(w2, i0, i0 + Il), *coded));
     }
   } else {
     MOE_CHECK(int4_group == 0 || dtype == DType::I8, "int4 experts take int8 activations");

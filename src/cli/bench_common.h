@@ -3,6 +3,7 @@
 // depend only on e, so any rank can rebuild any expert), and the output check.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "cli/bench_cmd.h"
 #include "comm/communicator.h"
 #include "core/clock.h"
+#include "kernels/grouped_gemm_int4.h"
 #include "moe/config.h"
 #include "moe/fused_moe.h"
 
@@ -38,10 +40,13 @@ std::vector<std::string> dtype_list(const std::string& s);
 // dtype I8: the routed experts W8A8 (quantised from the f32 weights, smooth = 1), the
 // shared experts bf16. F8E4M3: routed experts from fp8_expert, shared experts bf16.
 // int4_group > 0 (with dtype I8): the routed experts W4A8 instead, groups of int4_group k.
+// coded (with dtype I8): the routed experts in that group-coded format instead (a GGUF
+// symmetric type, bench_dtype's q8_0 / q5_0 / q4_0), quantised from the f32 weights.
 MoeLayerWeights random_layer(const MoeConfig& cfg, DType dtype, int64_t begin, int64_t end, int tp_rank = 0,
-                             int tp = 1, int64_t int4_group = 0);
-// --dtype names: "int8" -> I8, "int4" -> I8 with *int4_group = group (else 0), others parse_dtype.
-DType bench_dtype(const std::string& name, int64_t group, int64_t* int4_group);
+                             int tp = 1, int64_t int4_group = 0, const CodedFormat* coded = nullptr);
+// --dtype names: "int8" -> I8, "int4" -> I8 with *int4_group = group (else 0), "q8_0",
+// "q5_0", "q4_0" -> I8 with *coded set (only where coded is given), others parse_dtype.
+DType bench_dtype(const std::string& name, int64_t group, int64_t* int4_group, std::optional<CodedFormat>* coded = nullptr);
 // Bytes a GEMM reads per expert of W13 + W2: the packed weights, plus FP8 block scales or
 // int4 scales and zero points.
 size_t expert_read_bytes(const MoeLayerWeights& w);
