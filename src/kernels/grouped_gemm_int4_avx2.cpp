@@ -114,6 +114,14 @@ static void blocks(const Job& j, const uint8_t* panel, const float* ws, const ui
   }
 }
 
+// One column block's 32 code bytes of an octet (8 columns x 8 k) times the row's two
+// activation quads al (k 0-3) and ah (k 4-7): the int16 pair sums, both nibbles added.
+static __m256i octet_products(const uint8_t* p, __m256i al, __m256i ah) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f), w = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+  return _mm256_add_epi16(_mm256_maddubs_epi16(lo, al), _mm256_maddubs_epi16(hi, ah));
+}
+
 // Batch-1 decode with groups of at most 32 k (at most 4 octets: Q4_0, Q4_1, Q4_K, int4
 // g32): the panel in memory order, each octet's 8 column blocks into 8 int16 accumulators
 // (the group's sums, at most 30720: the bound above), where the loop above walks a
@@ -123,7 +131,7 @@ static void blocks(const Job& j, const uint8_t* panel, const float* ws, const ui
 static void one_row_g32(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                         const int8_t* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
   const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group / 8;
-  const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t G = 0; G < ng; ++G) {
     const int64_t o0 = G * go, o1 = std::min(n_oct, o0 + go);
     __m256i s[kPanel / 8];
@@ -133,11 +141,7 @@ static void one_row_g32(const Job& j, const uint8_t* panel, const float* ws, con
       const char* pf = reinterpret_cast<const char*>(bp) + kPrefetchBytes;
       for (int b = 0; b < kI4OctetBytes; b += 64) _mm_prefetch(pf + b, _MM_HINT_T1);
       const __m256i al = bcast4(a + 8 * o), ah = bcast4(a + 8 * o + 4);
-      for (int cb = 0; cb < kPanel / 8; ++cb) {
-        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(bp + cb * 32));
-        const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-        s[cb] = _mm256_add_epi16(s[cb], _mm256_add_epi16(_mm256_maddubs_epi16(lo, al), _mm256_maddubs_epi16(hi, ah)));
-      }
+      for (int cb = 0; cb < kPanel / 8; ++cb) s[cb] = _mm256_add_epi16(s[cb], octet_products(bp + cb * 32, al, ah));
     }
     for (int cb = 0; cb < kPanel / 8; ++cb) {
       const __m256i dot = _mm256_madd_epi16(s[cb], ones);
@@ -155,7 +159,7 @@ static void one_row_g32(const Job& j, const uint8_t* panel, const float* ws, con
 static void one_row_wide(const Job& j, const uint8_t* panel, const float* ws, const uint8_t* wz, const float* wo,
                          const int8_t* a, const int32_t* sa, float (*acc)[kPanel], const SbSrc* sb) {
   const int64_t n_oct = i4_octets(j.k), ng = j.i4_n_groups, go = j.i4_group / 8;
-  const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t G = 0; G < ng; ++G) {
     const int64_t o0 = G * go, o1 = std::min(n_oct, o0 + go);
     for (int half = 0; half < 2; ++half) {
@@ -172,11 +176,7 @@ static void one_row_wide(const Job& j, const uint8_t* panel, const float* ws, co
             for (int b = 0; b < kI4OctetBytes; b += 64) _mm_prefetch(pf + b, _MM_HINT_T1);
           }
           const __m256i al = bcast4(a + 8 * oo), ah = bcast4(a + 8 * oo + 4);
-          for (int c = 0; c < 4; ++c) {
-            const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(bp + c * 32));
-            const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-            s16[c] = _mm256_add_epi16(s16[c], _mm256_add_epi16(_mm256_maddubs_epi16(lo, al), _mm256_maddubs_epi16(hi, ah)));
-          }
+          for (int c = 0; c < 4; ++c) s16[c] = _mm256_add_epi16(s16[c], octet_products(bp + c * 32, al, ah));
         }
         for (int c = 0; c < 4; ++c) s32[c] = _mm256_add_epi32(s32[c], _mm256_madd_epi16(s16[c], ones));
       }
