@@ -17,8 +17,10 @@
 //
 // Decode (<= kDecodeMaxRows rows): all rows are one register block, so each weight byte
 // is loaded once per task, with the stream prefetched 4 KiB ahead into L2 (T1, as the
-// int8 VNNI kernel, whose comment has the measurement). Prefill: blocks of up to 4 rows per
-// pass over the panel (which stays in L1/L2 between passes).
+// int8 VNNI kernel, whose comment has the measurement); one row (batch 1) reads each
+// panel in memory order (one_row_g32, one_row_wide, and the 8- and 6-bit runners'
+// one_row). Prefill: blocks of up to kMaxRows rows (4; 8 for 8-bit codes) per pass over
+// the panel (which stays in L1/L2 between passes).
 #include <immintrin.h>
 
 #include <algorithm>
