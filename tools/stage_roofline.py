@@ -88,9 +88,6 @@ def main(argv):
 
     pre, dec = run["profile_s"]["prefill"], run["profile_s"]["decode"]
 
-    def secs(p, st):
-        return p.get(st, 0.0)
-
     print(f"{gguf}: {arch}, {layers} layers, {topk} of {n_exp} experts; prefill {T} tokens, "
           f"decode {steps} steps at a mean context of {ctx:.0f}; bandwidth {bw:.1f} GB/s"
           + (f", peak {peak:.0f} G multiply-adds/s" if peak else ""))
@@ -99,7 +96,7 @@ def main(argv):
     print("|---|---|---|---|" + ("---|" if peak else "") + "---|---|---|---|")
     order = ["embed", "attn_qkv", "attn_core", "attn_out", "route", "gemm1", "gemm2", "shared", "lm_head"]
     for st in order + ["other"]:
-        sp, sd = secs(pre, st), secs(dec, st) / max(steps, 1)
+        sp, sd = pre.get(st, 0.0), dec.get(st, 0.0) / max(steps, 1)
         if not sp and not sd and st not in macs:
             continue
         m, b = macs.get(st, 0.0), bytes_.get(st, 0.0)
