@@ -113,20 +113,40 @@ TEST(GgufCheckpoint, ErnieWithDenseLayerSharedExpertsAndSelectionBias) {
 }
 
 // DeepSeek-V3 and V2 as `deepseek2` (convert_hf_to_gguf.py's DeepseekV2Model): MLA with
-// kv_b_proj split into attn_k_b (transposed) and attn_v_b, put back together exactly by
-// the loader; V3's sigmoid noaux_tc router with its exp_probs_b bias and q_lora; V2's
-// q_proj and softmax group-limited router. Every tensor of the directory comes out of the
-// GGUF with the same shape and values, and the config keys are the directory's. V3's
-// logits equal the directory's bit for bit; the V2 fixture's MLPs use gelu_pytorch_tanh,
-// which GGUF cannot say (llama.cpp runs deepseek2 with SiLU), so its logits differ by
-// design.
+// kv_b_proj split into attn_k_b (transposed) and attn_v_b, which the loader maps as
+// k_b_proj / v_b_proj, the matrices the absorbed attention multiplies by; V3's sigmoid
+// noaux_tc router with its exp_probs_b bias and q_lora; V2's q_proj and softmax
+// group-limited router. Every other tensor of the directory comes out of the GGUF with the
+// same shape and values, the halves hold kv_b_proj's values, and the config keys are the
+// directory's. V3's logits equal the directory's bit for bit; the V2 fixture's MLPs use
+// gelu_pytorch_tanh, which GGUF cannot say (llama.cpp runs deepseek2 with SiLU), so its
+// logits differ by design.
 TEST(GgufCheckpoint, DeepseekMlaFromSplitKvB) {
   expect_same_logits(kModels + "deepseek_v3-F32.gguf", fixture("deepseek_v3").dir, fixture("deepseek_v3").prompts);
   for (const char* name : {"deepseek_v3", "deepseek_v2"}) {
     SCOPED_TRACE(name);
     const auto f = fixture(name);
     const Checkpoint g = Checkpoint::open(kModels + name + "-F32.gguf"), d = Checkpoint::open(f.dir);
+    const int64_t H = d.config().at("num_attention_heads"), R = d.config().at("kv_lora_rank");
+    const int64_t nope = d.config().at("qk_nope_head_dim"), v = d.config().at("v_head_dim");
     for (const std::string& key : d.keys()) {
+      if (key.ends_with("kv_b_proj.weight")) {  // [H*(nope+v), R] against its halves
+        EXPECT_FALSE(g.has(key)) << key;
+        const std::string p = key.substr(0, key.size() - std::string("kv_b_proj.weight").size());
+        const Tensor kv = d.view(key), kb = g.view(p + "k_b_proj.weight"), vb = g.view(p + "v_b_proj.weight");
+        ASSERT_EQ(kb.shape(), (Shape{H * R, nope})) << key;
+        ASSERT_EQ(vb.shape(), (Shape{H * v, R})) << key;
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t c = 0; c < R; ++c) {
+            for (int64_t j = 0; j < nope; ++j)
+              ASSERT_EQ(kb.data<float>()[(h * R + c) * nope + j], kv.data<float>()[(h * (nope + v) + j) * R + c])
+                  << key << " head " << h << " k row " << j << " col " << c;
+            for (int64_t j = 0; j < v; ++j)
+              ASSERT_EQ(vb.data<float>()[(h * v + j) * R + c], kv.data<float>()[(h * (nope + v) + nope + j) * R + c])
+                  << key << " head " << h << " v row " << j << " col " << c;
+          }
+        continue;
+      }
       ASSERT_TRUE(g.has(key)) << key;
       const Tensor a = g.view(key), b = d.view(key);
       ASSERT_EQ(a.shape(), b.shape()) << key;
@@ -139,15 +159,69 @@ TEST(GgufCheckpoint, DeepseekMlaFromSplitKvB) {
                           "topk_method", "n_group", "topk_group", "num_key_value_heads"})
       EXPECT_EQ(g.config().at(k), d.config().at(k)) << k;
   }
-  // BF16 halves compose into a BF16 kv_b_proj: run in bf16 (where the directory's
-  // weights are rounded the same way) the logits are the directory's.
+  // BF16 halves stay BF16: run in bf16 (where the directory's weights are rounded the
+  // same way) the logits are the directory's.
   const auto f = fixture("deepseek_v3");
   const std::string bf16 = kModels + "deepseek_v3-BF16.gguf";
-  EXPECT_EQ(Checkpoint::open(bf16).info("model.layers.1.self_attn.kv_b_proj.weight").dtype, DType::BF16);
+  EXPECT_EQ(Checkpoint::open(bf16).info("model.layers.1.self_attn.k_b_proj.weight").dtype, DType::BF16);
+  EXPECT_EQ(Checkpoint::open(bf16).info("model.layers.1.self_attn.v_b_proj.weight").dtype, DType::BF16);
   auto a = load(bf16, DType::BF16, false), b = load(f.dir, DType::BF16, false);
   const Tensor la = prefill_logits(*a, f.prompts), lb = prefill_logits(*b, f.prompts);
   ASSERT_EQ(la.shape(), lb.shape());
   EXPECT_EQ(std::memcmp(la.data<float>(), lb.data<float>(), static_cast<size_t>(la.numel()) * 4), 0);
+}
+
+// A DeepSeek GGUF whose attn_k_b / attn_v_b are quantised (layer 0 Q8_0 / Q4_0, layer 1
+// Q5_0 / Q4_1; every other tensor F32) runs them in their codes: each head's matrices, on
+// one rank and on each of two TP ranks, unpack to gguf-py's dequantised values (the twin
+// directory's kv_b_proj: W_UK transposed, W_UV as it is); dequantised, the logits are the
+// twin's bit for bit; in codes only the int8 inputs of those GEMMs differ (the bound of
+// Q4_0ExpertsModelNearTheF32One, whose model also rounds every coded GEMM's input).
+TEST(GgufCheckpoint, DeepseekQuantisedKvBHalvesStayInTheirCodes) {
+  const std::string path = kModels + "deepseek-quant.gguf", ref = kModels + "deepseek-quant-ref";
+  const std::vector<std::vector<int32_t>> prompts = {{3}, {1, 4, 1, 5, 9}, {2, 6, 5, 3, 5, 8, 9, 7, 9}};
+  expect_same_logits(path, ref, prompts);
+  {
+    auto q = load(path, DType::F32, true), f = load(ref, DType::F32, false);
+    const Tensor lq = prefill_logits(*q, prompts), lf = prefill_logits(*f, prompts);
+    const double worst = test::worst_logit_cosine(lq, lf, prompts);
+    std::printf("[ gguf ] DeepSeek with coded kv_b halves vs its dequantised twin: worst logit cosine %.9f\n", worst);
+    EXPECT_GE(worst, kInt4Cosine);
+    EXPECT_LT(worst, 1.0);  // the int8 inputs do change something: the coded path ran
+  }
+  const Checkpoint g = Checkpoint::open(path), d = Checkpoint::open(ref);
+  const int64_t H = d.config().at("num_attention_heads"), R = d.config().at("kv_lora_rank");
+  const int64_t nope = d.config().at("qk_nope_head_dim"), v = d.config().at("v_head_dim");
+  const int want_bits[2][2] = {{8, 4}, {6, 4}};  // Q8_0 in 8-bit codes, Q5_0 in 6, Q4_0 / Q4_1 in 4
+  for (int64_t l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    const Tensor kv = d.view(p + "kv_b_proj.weight");  // [H*(nope+v), R]
+    for (int tp : {1, 2})
+      for (int r = 0; r < tp; ++r) {
+        SCOPED_TRACE("layer " + std::to_string(l) + " rank " + std::to_string(r) + "/" + std::to_string(tp));
+        const int64_t nh = H / tp, first = r * nh;
+        const Linear uk = load_head_linears(g, {p + "k_b_proj", H, R, nope, first, nh, l},
+                                            LinearOptions::keeping_int4(DType::F32));
+        const Linear uv = load_head_linears(g, {p + "v_b_proj", H, v, R, first, nh, l},
+                                            LinearOptions::keeping_int4(DType::F32));
+        ASSERT_EQ(uk.w.n_experts, nh);
+        EXPECT_EQ(uk.w.dtype, DType::I8);
+        EXPECT_EQ(uk.w.code_bits, want_bits[l][0]);
+        EXPECT_EQ(uv.w.code_bits, want_bits[l][1]);
+        for (int64_t h = 0; h < nh; ++h) {
+          const Tensor a = unpack_expert(uk.w, h), b = unpack_expert(uv.w, h);
+          ASSERT_EQ(a.shape(), (Shape{R, nope}));
+          ASSERT_EQ(b.shape(), (Shape{v, R}));
+          const float* src = kv.data<float>() + (first + h) * (nope + v) * R;
+          for (int64_t c = 0; c < R; ++c) {
+            for (int64_t j = 0; j < nope; ++j)
+              ASSERT_EQ(a.data<float>()[c * nope + j], src[j * R + c]) << "W_UK^T head " << h << " [" << c << ", " << j << "]";
+            for (int64_t j = 0; j < v; ++j)
+              ASSERT_EQ(b.data<float>()[j * R + c], src[(nope + j) * R + c]) << "W_UV head " << h << " [" << j << ", " << c << "]";
+          }
+        }
+      }
+  }
 }
 
 TEST(GgufCheckpoint, SplitF32FileWithBiasesAndSharedExpert) {

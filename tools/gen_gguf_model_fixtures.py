@@ -38,6 +38,11 @@ Into tests/fixtures/gguf/models/:
   qwen3moe-quant-ref/   the same model as a Hugging Face directory: config.json and f32
                         weights that are gguf.quants.dequantize's values of each tensor
                         (the reference the engine's reading of the GGUF must equal)
+  deepseek-quant.gguf, deepseek-quant-ref/
+                        a random DeepSeek-V3 (deepseek2) whose attn_k_b / attn_v_b are
+                        quantised (layer 0 Q8_0 / Q4_0, layer 1 Q5_0 / Q4_1), all else F32,
+                        and its Hugging Face directory with kv_b_proj put together from
+                        gguf.quants.dequantize's values of those halves
   qwen3moe-kquant.gguf  the same kind of model with K-quant routed experts: layer 0 as
                         llama.cpp's Q4_K_M makes them (gate, up Q4_K; down Q6_K), layer 1
                         gate Q5_K, up Q8_0, down Q5_1; k = 256 (whole K-quant blocks). No
@@ -293,14 +298,16 @@ def convert_ernie(src, out, embd=None):
     w.close()
 
 
-def convert_deepseek(src, out, outtype):
+def convert_deepseek(src, out, outtype, kv_b_raw=None):
     """A DeepSeek-V2/V3 fixture -> GGUF as convert_hf_to_gguf.py's DeepseekV2Model writes it:
     TextModel's hparams (the MQA view: head_count_kv 1) plus MLA's (q_lora_rank when there
     is one, kv_lora_rank, key_length = kv_lora + rope, value_length = kv_lora, the per-head
     key_length_mla / value_length_mla, rope.dimension_count) and the router's; kv_b_proj
     split into attn_k_b [heads, kv_lora, nope] (transposed) and attn_v_b [heads, v, kv_lora];
     experts stacked; the router bias renamed e_score_correction.bias; names from gguf-py's
-    TensorNameMap. outtype: T.F32, or T.BF16 for the 2-D weights (norms, router and bias F32)."""
+    TensorNameMap. outtype: T.F32, or T.BF16 for the 2-D weights (norms, router and bias F32).
+    kv_b_raw: {layer: ((k_b raw blocks, type), (v_b raw blocks, type))} written in place of
+    that layer's halves (whose values kv_b_proj of src must be)."""
     cfg, tensors = load_dir(os.path.join(FIX, src))
     L, E, H = cfg["num_hidden_layers"], cfg["n_routed_experts"], cfg["num_attention_heads"]
     nope, rope_d, v, R = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
@@ -354,6 +361,9 @@ def convert_deepseek(src, out, outtype):
         m = hf.split(".")
         if ".mlp.experts." in hf:
             experts.setdefault((int(m[2]), m[6]), {})[int(m[5])] = a
+        elif hf.endswith("kv_b_proj.weight") and int(m[2]) in (kv_b_raw or {}):
+            for half, (raw, qt) in zip(("k_b_proj", "v_b_proj"), kv_b_raw[int(m[2])]):
+                w.add_tensor(gname(hf.replace("kv_b_proj", half)), raw, raw_dtype=qt)
         elif hf.endswith("kv_b_proj.weight"):
             kv_b = a.reshape(H, nope + v, R)
             add(gname(hf.replace("kv_b_proj", "k_b_proj")), kv_b[:, :nope, :].transpose(0, 2, 1))
@@ -488,6 +498,77 @@ def quantised(name="qwen3moe-quant", cfg=QCFG, experts=None, seed=2026, ref_dir=
         f.write("\n")
 
 
+# The quantised DeepSeek-V3: kv_b_proj's halves in legacy quantised types (attn_k_b's rows
+# are qk_nope_head_dim long, 128 in DeepSeek-V3, too short for a 256-weight K-quant block,
+# so llama.cpp's quantiser falls back to such a type for it), every other weight F32: the
+# coded halves are the only int8-input GEMMs of the model. Rows of 32 (k_b) and 64 (v_b)
+# weights, whole blocks; kv_lora, nope and v all differ, so a transposition shows.
+DSCFG_CHANGES = {"kv_lora_rank": 64, "qk_nope_head_dim": 32, "v_head_dim": 48, "qk_rope_head_dim": 8,
+                 "qk_head_dim": 40, "head_dim": 8, "num_attention_heads": 2, "num_key_value_heads": 2,
+                 "num_hidden_layers": 2, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 1,
+                 "topk_group": 1, "vocab_size": 64}
+DS_KV_B_TYPES = {0: (T.Q8_0, T.Q4_0), 1: (T.Q5_0, T.Q4_1)}
+
+
+def quantised_deepseek(name="deepseek-quant", seed=2028):
+    """NAME-ref/: a random DeepSeek-V3 directory whose kv_b_proj holds gguf-py's dequantised
+    values of random quantised halves; NAME.gguf: that directory as convert_deepseek writes
+    it, with the halves' own blocks (DS_KV_B_TYPES: k_b, v_b per layer)."""
+    rng = np.random.default_rng(seed)
+    cfg = dict(json.load(open(os.path.join(FIX, "deepseek_v3", "config.json"))), **DSCFG_CHANGES)
+    Hd, V, Ls, E = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"], cfg["n_routed_experts"]
+    nh, R, nope, v, rd = (cfg[k] for k in ("num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim",
+                                           "qk_rope_head_dim"))
+    qa, I, Im = cfg["q_lora_rank"], cfg["intermediate_size"], cfg["moe_intermediate_size"]
+    t, raws = {}, {}
+
+    def mat(name, shape, scale=0.15):
+        t[name] = (scale * rng.standard_normal(shape)).astype(np.float32)
+
+    def norm(name, n):
+        t[name] = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    mat("model.embed_tokens.weight", (V, Hd), 0.5)
+    mat("lm_head.weight", (V, Hd))
+    norm("model.norm.weight", Hd)
+    for l in range(Ls):
+        p = f"model.layers.{l}."
+        norm(p + "input_layernorm.weight", Hd)
+        norm(p + "post_attention_layernorm.weight", Hd)
+        a = p + "self_attn."
+        mat(a + "q_a_proj.weight", (qa, Hd))
+        norm(a + "q_a_layernorm.weight", qa)
+        mat(a + "q_b_proj.weight", (nh * (nope + rd), qa))
+        mat(a + "kv_a_proj_with_mqa.weight", (R + rd, Hd))
+        norm(a + "kv_a_layernorm.weight", R)
+        mat(a + "o_proj.weight", (Hd, nh * v))
+        (kt, vt) = DS_KV_B_TYPES[l]
+        kraw, kb = quant_tensor(rng, kt, (nh, R, nope))
+        vraw, vb = quant_tensor(rng, vt, (nh, v, R))
+        raws[l] = ((kraw, kt), (vraw, vt))
+        t[a + "kv_b_proj.weight"] = np.concatenate([kb.transpose(0, 2, 1), vb], axis=1).reshape(nh * (nope + v), R)
+        if l < cfg["first_k_dense_replace"]:
+            for proj, shape in (("gate_proj", (I, Hd)), ("up_proj", (I, Hd)), ("down_proj", (Hd, I))):
+                mat(f"{p}mlp.{proj}.weight", shape)
+            continue
+        mat(p + "mlp.gate.weight", (E, Hd), 0.3)
+        t[p + "mlp.gate.e_score_correction_bias"] = (0.05 * rng.standard_normal(E)).astype(np.float32)
+        shapes = (("gate_proj", (Im, Hd)), ("up_proj", (Im, Hd)), ("down_proj", (Hd, Im)))
+        for e in range(E):
+            for proj, shape in shapes:
+                mat(f"{p}mlp.experts.{e}.{proj}.weight", shape)
+        for proj, (n, k) in shapes:
+            n, k = (n * cfg["n_shared_experts"], k) if proj != "down_proj" else (n, k * cfg["n_shared_experts"])
+            mat(f"{p}mlp.shared_experts.{proj}.weight", (n, k))
+    d = os.path.join(OUT, name + "-ref")
+    os.makedirs(d, exist_ok=True)
+    write_safetensors(os.path.join(d, "model.safetensors"), t)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    convert_deepseek(d, os.path.join(OUT, name + ".gguf"), T.F32, kv_b_raw=raws)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     convert("qwen3_moe", "qwen3moe", os.path.join(OUT, "qwen3_moe-BF16.gguf"), f32=False)
@@ -502,6 +583,7 @@ def main():
     convert_deepseek("deepseek_v3", os.path.join(OUT, "deepseek_v3-BF16.gguf"), T.BF16)
     quantised()
     quantised("qwen3moe-kquant", KCFG, KQUANT_EXPERTS, seed=2027, ref_dir=False)
+    quantised_deepseek()
 
 
 if __name__ == "__main__":

@@ -29,12 +29,6 @@ std::vector<int32_t> seq_of_tokens(const StepBatch& b) {
   return out;
 }
 
-float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.f;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 // One MLA head's attention in the latent space over the cached rows [0, n_ctx) of a
 // slot: scores (q_lat . c_kv_j + q_pe . k_pe_j) * scale, softmax, and o_lat = sum_j p_j
 // c_kv_j. E as in KvCache::a_row: a bf16 cache is widened (exactly) as it is read, so
@@ -128,8 +122,13 @@ AttentionReads attention_reads(const ModelConfig& cfg, const AttentionKeys& k, i
   }
   a.kv_a = linear(k.kv_a, cfg.kv_lora_rank + cfg.qk_rope_head_dim, H, rep);  // the shared latent: every rank
   a.kv_a_norm = norm_read(k.kv_a_norm, cfg.kv_lora_rank, l);
-  // kv_b_proj [nh*(nope+v), kv_lora]: per head nope rows of W_UK then v rows of W_UV.
-  a.kv_b = linear_read(k.kv_b, nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank, false, col, l).weight;
+  if (cfg.mla_split_kv_b) {  // this rank's heads of k_b [nh*kv_lora, nope] and v_b [nh*v, kv_lora]
+    a.k_b = linear_read(k.k_b, nh * cfg.kv_lora_rank, cfg.qk_nope_head_dim, false, col, l).weight;
+    a.v_b = linear_read(k.v_b, nh * cfg.v_head_dim, cfg.kv_lora_rank, false, col, l).weight;
+  } else {
+    // kv_b_proj [nh*(nope+v), kv_lora]: per head nope rows of W_UK then v rows of W_UV.
+    a.kv_b = linear_read(k.kv_b, nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank, false, col, l).weight;
+  }
   a.o = linear(k.o, H, nh * cfg.v_head_dim, row);
   return a;
 }
@@ -162,6 +161,8 @@ std::vector<TensorRead> AttentionReads::all() const {
   add_linear(kv_a);
   add(kv_a_norm);
   add(kv_b);
+  add(k_b);
+  add(v_b);
   add_linear(o);
   return out;
 }
@@ -290,15 +291,37 @@ MlaAttention::MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const A
   }
   kv_a_ = load_linear(ck, *rd.kv_a, lin);
   kv_a_norm_ = load_f32(ck, *rd.kv_a_norm);
-  Tensor kv_b = load_f32(ck, *rd.kv_b);  // this rank's heads: [n_heads*(nope+v), kv_lora]
-  if (lin.compute == DType::BF16)  // the bf16 engine holds bf16 weights: round them the same way
-    for (int64_t i = 0; i < kv_b.numel(); ++i) kv_b.data<float>()[i] = round_bf16(kv_b.data<float>()[i]);
-  w_uk_ = Tensor::empty({n_heads_, nope_, kv_lora_}, DType::F32);
-  w_uv_ = Tensor::empty({n_heads_, v_dim_, kv_lora_}, DType::F32);
-  for (int64_t h = 0; h < n_heads_; ++h) {
-    const float* src = kv_b.data<float>() + h * (nope_ + v_dim_) * kv_lora_;
-    std::memcpy(w_uk_.data<float>() + h * nope_ * kv_lora_, src, nope_ * kv_lora_ * sizeof(float));
-    std::memcpy(w_uv_.data<float>() + h * v_dim_ * kv_lora_, src + nope_ * kv_lora_, v_dim_ * kv_lora_ * sizeof(float));
+  // kv_b: f32 or bf16 as the other weights (f32, unrounded, beside int8 linears); a GGUF's
+  // quantised halves in their codes under keep_int4 (else dequantised: f32 holds them).
+  LinearOptions kvb(lin.compute == DType::BF16 ? DType::BF16 : DType::F32);
+  kvb.keep_int4 = lin.keep_int4;
+  kvb.cache = lin.cache;
+  if (rd.k_b) {  // a GGUF's attn_k_b / attn_v_b: each head's matrices as stored
+    HeadLinearsRead kr{k.k_b, cfg.n_heads, kv_lora_, nope_, r * n_heads_, n_heads_, k.layer};
+    HeadLinearsRead vr{k.v_b, cfg.n_heads, v_dim_, kv_lora_, r * n_heads_, n_heads_, k.layer};
+    uk_ = load_head_linears(ck, kr, kvb);
+    uv_ = load_head_linears(ck, vr, kvb);
+  } else {
+    const Tensor kv_b = load_f32(ck, *rd.kv_b);  // this rank's heads: [n_heads*(nope+v), kv_lora]
+    const int64_t L = kv_lora_;
+    auto head = [&](int64_t h) { return kv_b.data<float>() + h * (nope_ + v_dim_) * L; };
+    uk_ = make_head_linears(
+        n_heads_,
+        [&](int64_t h) {  // W_UK^T [kv_lora, nope]
+          Tensor t = Tensor::empty({L, nope_}, DType::F32);
+          for (int64_t n = 0; n < nope_; ++n)
+            for (int64_t l = 0; l < L; ++l) t.data<float>()[l * nope_ + n] = head(h)[n * L + l];
+          return t;
+        },
+        kvb);
+    uv_ = make_head_linears(
+        n_heads_,
+        [&](int64_t h) {  // W_UV [v, kv_lora]: the head's last v rows
+          Tensor t = Tensor::empty({v_dim_, L}, DType::F32);
+          std::memcpy(t.data<float>(), head(h) + nope_ * L, static_cast<size_t>(v_dim_ * L) * sizeof(float));
+          return t;
+        },
+        kvb);
   }
   o_ = load_linear(ck, rd.o, lin);
 }
@@ -333,38 +356,50 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
       c.cache->put_b(c.layer, sp.slot, sp.start_pos + i, row + L);
     }
   const std::vector<int32_t> seq = seq_of_tokens(b);
-  float* ctx = AttnScratch::ensure(s.ctx, T * n_heads_ * v_dim_);
+  const int64_t nh = n_heads_, V = v_dim_;
+  float* ctx = AttnScratch::ensure(s.ctx, T * nh * V);
   const int64_t max_seq = c.cache->max_seq();
   const float scale = static_cast<float>(scale_);
   const KvCache& cache = *c.cache;
   const bool bf16 = cache.dtype() == DType::BF16;
-  {
+  // Tokens in chunks, so the head-major buffers below stay at most kLatentChunk floats
+  // each (a 4096-token prompt of DeepSeek-V3, 128 heads x 512 latent, would take 1 GiB per
+  // buffer whole; its chunks are 64 tokens, rows enough for the prefill GEMM kernel).
+  constexpr int64_t kLatentChunk = int64_t{1} << 22;
+  const int64_t chunk = std::max<int64_t>(1, kLatentChunk / (nh * L));
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     prof::Scope ps(prof::kAttnCore);
+    const int64_t tc = std::min(chunk, T - t0), rows = nh * tc;
+    float* hx = AttnScratch::ensure(s.v, rows * std::max(nope_, V));  // q_nope, then v: [nh, tc, .]
+    float* q_lat = AttnScratch::ensure(s.tmp, rows * L);                // [nh, tc, L]
+    float* o_lat = AttnScratch::ensure(s.lat, rows * L);                // [nh, tc, L]
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t i = 0; i < tc; ++i)
+        std::memcpy(hx + (h * tc + i) * nope_, q + (t0 + i) * nq + h * qk, static_cast<size_t>(nope_) * sizeof(float));
+    head_linear_forward(uk_, hx, tc, q_lat, s.lin);  // W_UK^T q_nope of every head and token
     // Small steps run on one thread: waking a team costs more than the work.
-#pragma omp parallel if (T * n_heads_ * max_seq * L >= (int64_t{1} << 18))
+#pragma omp parallel if (tc * nh * max_seq * L >= (int64_t{1} << 18))
     {
-      std::vector<float> sc(max_seq), q_lat(L), o_lat(L);
+      std::vector<float> sc(max_seq);
 #pragma omp for schedule(dynamic) collapse(2)
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t h = 0; h < n_heads_; ++h) {
+      for (int64_t i = 0; i < tc; ++i)
+        for (int64_t h = 0; h < nh; ++h) {
+          const int64_t t = t0 + i;
           const SeqSpan& sp = b.seqs[seq[t]];
           const int64_t n_ctx = b.positions[t] + 1;
-          const float* qn = q + t * nq + h * qk;  // q_nope [nope], then q_pe [R]
-          const float* uk = w_uk_.data<float>() + h * nope_ * L;
-          std::fill(q_lat.begin(), q_lat.end(), 0.f);
-          for (int64_t n = 0; n < nope_; ++n)
-            for (int64_t l = 0; l < L; ++l) q_lat[l] += qn[n] * uk[n * L + l];
+          const float* q_pe = q + t * nq + h * qk + nope_;
+          const float* ql = q_lat + (h * tc + i) * L;
+          float* ol = o_lat + (h * tc + i) * L;
           if (bf16)
-            mla_latent_attend<uint16_t>(cache, c.layer, sp.slot, n_ctx, q_lat.data(), qn + nope_, scale, sc.data(),
-                                        o_lat.data());
+            mla_latent_attend<uint16_t>(cache, c.layer, sp.slot, n_ctx, ql, q_pe, scale, sc.data(), ol);
           else
-            mla_latent_attend<float>(cache, c.layer, sp.slot, n_ctx, q_lat.data(), qn + nope_, scale, sc.data(),
-                                     o_lat.data());
-          const float* uv = w_uv_.data<float>() + h * v_dim_ * L;
-          float* o = ctx + (t * n_heads_ + h) * v_dim_;
-          for (int64_t d = 0; d < v_dim_; ++d) o[d] = dot(uv + d * L, o_lat.data(), L);
+            mla_latent_attend<float>(cache, c.layer, sp.slot, n_ctx, ql, q_pe, scale, sc.data(), ol);
         }
     }
+    head_linear_forward(uv_, o_lat, tc, hx, s.lin);  // W_UV of every head's latent output
+    for (int64_t i = 0; i < tc; ++i)
+      for (int64_t h = 0; h < nh; ++h)
+        std::memcpy(ctx + ((t0 + i) * nh + h) * V, hx + (h * tc + i) * V, static_cast<size_t>(V) * sizeof(float));
   }
   prof::Scope ps(prof::kAttnOut);
   linear_forward(o_, ctx, T, out, s.lin);

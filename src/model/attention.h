@@ -8,7 +8,10 @@
 //     kv_a_layernorm) and k_pe (after RoPE) are cached. kv_b_proj is split per head
 //     into W_UK [nope, kv_lora] and W_UV [v, kv_lora] and absorbed: the score is
 //     (W_UK^T q_nope) . c_kv + q_pe . k_pe, the output W_UV (sum_p p * c_kv), which
-//     equals HF's expand-then-attend up to float summation order.
+//     equals HF's expand-then-attend up to float summation order. W_UK^T and W_UV of
+//     every head run as one grouped GEMM each (one expert per head, all tokens of a
+//     chunk its rows). A GGUF holds them as they are (attn_k_b, attn_v_b): a quantised
+//     pair stays in its codes (int8 inputs per token, as every coded linear's).
 //
 // Tensor parallelism (heads split over a TP group of `tp` ranks): q/k/v (q_b, kv_b)
 // are column-parallel by heads, o_proj is row-parallel; forward() writes this rank's
@@ -39,6 +42,10 @@ struct AttentionKeys {
   // MLA
   std::string q_a, q_a_norm, q_b;  // q-LoRA (q_lora_rank > 0); else `q` is q_proj
   std::string kv_a, kv_a_norm, kv_b;
+  // kv_b_proj's halves as GGUF holds them (loader/gguf/gguf_deepseek.h; read instead of
+  // kv_b when ModelConfig::mla_split_kv_b): k_b [heads * kv_lora, nope] (each head's W_UK
+  // transposed), v_b [heads * v, kv_lora] (each head's W_UV).
+  std::string k_b, v_b;
   // FastDeploy's fused qkv_proj (ERNIE; loaded when ModelConfig::int8_attention); empty: none
   std::string qkv;
   // The prefixes above whose nn.Linear has a bias (as transformers builds the family's
@@ -56,6 +63,7 @@ struct AttentionReads {
   std::optional<TensorRead> q_norm, k_norm;      // GQA with per-head q/k norm
   std::optional<LinearRead> q_a, q_b, kv_a;      // MLA
   std::optional<TensorRead> q_a_norm, kv_a_norm, kv_b;
+  std::optional<TensorRead> k_b, v_b;            // MLA with ModelConfig::mla_split_kv_b
   // ModelConfig::int8_attention: q, k, v as column blocks of the int8 qkv_proj (each
   // this rank's heads), o_proj row-parallel (loader/quant_weights.h); then q/k/v/o above
   // are unset (o: its weight key only, for messages).
@@ -73,7 +81,7 @@ inline int64_t kv_heads_per_rank(int64_t n_kv_heads, int tp) { return n_kv_heads
 
 struct AttnScratch {
   LinearScratch lin;
-  Tensor q, k, v, ctx, tmp;  // grow-only f32 buffers
+  Tensor q, k, v, ctx, tmp, lat;  // grow-only f32 buffers
   static float* ensure(Tensor& t, int64_t n);
 };
 
@@ -111,8 +119,9 @@ class GqaAttention {
 
 class MlaAttention {
  public:
-  // lin as for GqaAttention, for q_a / q_b (or q), kv_a and o; kv_b (absorbed into the
-  // attention) stays f32, rounded to bf16 values when lin.compute is bf16.
+  // lin as for GqaAttention, for q_a / q_b (or q), kv_a and o. kv_b (absorbed into the
+  // attention) is held in lin.compute when that is f32 or bf16, else (int8 linears) in
+  // f32; a GGUF's quantised halves stay in their codes under lin.keep_int4.
   MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& keys, const LinearOptions& lin,
                int tp_rank, int tp_size);
   void forward(const AttnContext& ctx, const float* x, float* out, AttnScratch& s) const;
@@ -128,7 +137,9 @@ class MlaAttention {
   Tensor q_a_norm_;      // f32 [q_lora]
   Linear kv_a_;          // [kv_lora + rope, H], replicated
   Tensor kv_a_norm_;     // f32 [kv_lora]
-  Tensor w_uk_, w_uv_;   // f32 [n_heads, nope, kv_lora], [n_heads, v, kv_lora]
+  // kv_b absorbed, one grouped-GEMM expert per head (load_head_linears):
+  Linear uk_;            // n_heads x [kv_lora, nope]: W_UK^T, q_nope -> its latent query
+  Linear uv_;            // n_heads x [v, kv_lora]: W_UV, the latent output -> v
   Linear o_;             // [H, n_heads*v], row-parallel
 };
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -145,6 +146,54 @@ Linear load_linear_packed(const Checkpoint& ck, const LinearRead& r, const Linea
 
 }  // namespace
 
+TensorRead HeadLinearsRead::head(int64_t h) const {
+  MOE_CHECK(h >= 0 && h < count && first + count <= heads_total, "head {} of [{}, {}) of {} heads of '{}'", h, first,
+            first + count, heads_total, key);
+  const ShardSpec s{Split::Column, static_cast<int>(first + h), static_cast<int>(heads_total)};
+  return linear_read(key, heads_total * rows, in, false, s, layer).weight;
+}
+
+namespace {
+
+// count per-head Linears (one expert each, all of one format) as one of count experts.
+Linear stack_heads(int64_t count, const std::function<Linear(int64_t)>& head) {
+  MOE_CHECK(count > 0, "a head linear needs at least one head");
+  Linear out;
+  for (int64_t h = 0; h < count; ++h) {
+    const Linear one = head(h);
+    if (h == 0) out.w = make_packed_like(one.w, count);
+    copy_expert(out.w, h, one.w, 0);  // checks that the format is the first head's
+  }
+  return out;
+}
+
+}  // namespace
+
+Linear load_head_linears(const Checkpoint& ck, const HeadLinearsRead& r, const LinearOptions& o) {
+  MOE_CHECK(o.int4_group == 0, "head linears of '{}' are not requantised to int4", r.key);
+  LinearOptions one = o;
+  one.cache = nullptr;  // the stack is the record, not each head
+  auto load = [&] { return stack_heads(r.count, [&](int64_t h) { return load_linear(ck, {r.head(h), {}}, one); }); };
+  if (!o.cache) return load();
+  const std::string key = fmt::format("head linears {} [{}, {}) of {} x [{}, {}]; compute {} keep-codes {}", r.key,
+                                      r.first, r.first + r.count, r.heads_total, r.rows, r.in,
+                                      dtype_name(o.compute), o.keep_int4);
+  return cached_load<Linear>(
+      o.cache, key, load, encode_linear,
+      [&](const CacheRecord& c) {
+        Linear l;
+        l.w = decode_packed(c, "w.");
+        MOE_CHECK(l.w.n_experts == r.count && l.w.n == r.rows && l.w.k == r.in && !l.w.gated,
+                  "{} heads of [{}, {}] where {} x [{}, {}] are wanted", l.w.n_experts, l.w.n, l.w.k, r.count, r.rows,
+                  r.in);
+        return l;
+      });
+}
+
+Linear make_head_linears(int64_t count, const std::function<Tensor(int64_t)>& head, const LinearOptions& o) {
+  return stack_heads(count, [&](int64_t h) { return make_linear(head(h), o); });
+}
+
 namespace {
 
 // x[T, K] (row stride ldx) as l's GEMM reads it: f32 as is, bf16 rows, or W8A8's Q8 rows
@@ -222,6 +271,16 @@ void linear_forward(const Linear& l, const float* x, int64_t T, float* y, Linear
   const int64_t offsets[2] = {0, T};
   grouped_gemm(linear_gemm_params(l, a, lda, offsets, y, ldy));
   add_bias(l, T, y, ldy);
+}
+
+void head_linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s) {
+  if (T == 0) return;
+  const int64_t heads = l.w.n_experts;
+  int64_t lda = 0;
+  const void* a = linear_input(l, x, heads * T, l.n_in(), s, &lda);
+  std::vector<int64_t> offsets(static_cast<size_t>(heads + 1));
+  for (int64_t h = 0; h <= heads; ++h) offsets[static_cast<size_t>(h)] = h * T;
+  grouped_gemm(linear_gemm_params(l, a, lda, offsets.data(), y, l.n_out()));
 }
 
 void linear_forward_shared(std::initializer_list<LinearOut> outs, const float* x, int64_t T, LinearScratch& s) {

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -113,6 +114,23 @@ Linear load_linear(const Checkpoint& ck, const LinearRead& r, const LinearOption
 // checkpoint; tests, tied lm_head).
 Linear make_linear(const Tensor& w, const LinearOptions& o, const Tensor& bias = {});
 
+// Per-head matrices run as one grouped GEMM (MLA's absorbed kv_b halves, model/attention.h):
+// a Linear whose w holds one [rows, in] matrix per head as its experts (w.n_experts = heads).
+// Read from heads [first, first + count) of a [heads_total * rows, in] weight "<key>.weight",
+// each head's rows a column slice of its own (load_linear's reads, so a GGUF's coded type
+// stays in its codes under o.keep_int4; o.int4_group must be 0). With o.cache the stack is
+// one record.
+struct HeadLinearsRead {
+  std::string key;
+  int64_t heads_total = 0, rows = 0, in = 0;
+  int64_t first = 0, count = 0;
+  int64_t layer = -1;
+  TensorRead head(int64_t h) const;  // the read of head first + h
+};
+Linear load_head_linears(const Checkpoint& ck, const HeadLinearsRead& r, const LinearOptions& o);
+// The same from count float matrices: head(h) gives head h's [rows, in] (same shape for all).
+Linear make_head_linears(int64_t count, const std::function<Tensor(int64_t)>& head, const LinearOptions& o);
+
 // Grows-only scratch for the bf16 copy (or the Q8 rows) of a projection's input. Not thread-safe.
 struct LinearScratch {
   Tensor a;
@@ -129,6 +147,10 @@ struct LinearOut {
   float* y;
 };
 void linear_forward_shared(std::initializer_list<LinearOut> outs, const float* x, int64_t T, LinearScratch& s);
+// A head linear (load_head_linears): x [heads * T, in] holds head h's T rows at row h * T,
+// y [heads * T, out] likewise; each row as linear_forward would give it with that head's
+// matrix, the heads' GEMMs under one wake-up of the team. No bias.
+void head_linear_forward(const Linear& l, const float* x, int64_t T, float* y, LinearScratch& s);
 
 // y[T, n] = w * x / sqrt(mean(x^2) + eps), in f32 as HF does (y may alias x).
 void rms_norm(const float* x, const float* w, int64_t T, int64_t n, double eps, float* y);

@@ -55,6 +55,9 @@ struct ModelConfig {
   // int8 o_proj, with static scales (loader/quant_weights.h). From the checkpoint's
   // keys, not config.json: apply_checkpoint_layout (model/registry.h).
   bool int8_attention = false;
+  // MLA with kv_b_proj held as its two halves, k_b_proj and v_b_proj (a GGUF's attn_k_b /
+  // attn_v_b, which may be quantised: model/attention.h). From the checkpoint's keys.
+  bool mla_split_kv_b = false;
 
   // MLA (DeepSeek): see model/mla.h.
   int64_t q_lora_rank = 0;  // 0: plain q_proj

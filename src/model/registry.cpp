@@ -64,6 +64,7 @@ AttentionKeys gqa_attention_keys(int64_t l, bool qk_norm, bool qkv_bias, bool o_
 void apply_checkpoint_layout(const Checkpoint& ck, ModelConfig& c) {
   const AttentionKeys k = find_family(c.model_type).attention_keys(c, 0);
   c.int8_attention = !k.qkv.empty() && is_int8_weight(ck, k.qkv);
+  c.mla_split_kv_b = c.attention == AttentionKind::Mla && !k.k_b.empty() && ck.has(k.k_b + ".weight");
 }
 
 }  // namespace moe

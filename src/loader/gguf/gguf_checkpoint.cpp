@@ -236,7 +236,7 @@ std::optional<std::string> layer_name(const Arch& a, const std::string& suffix) 
   if (suffix == "ffn_up_shexp.weight") return a.shared_block + ".up_proj.weight";
   if (suffix == "ffn_down_shexp.weight") return a.shared_block + ".down_proj.weight";
   if (suffix == "exp_probs_b.bias" && !a.router_bias.empty()) return a.router_bias;
-  if (a.name == "deepseek2") {  // MLA (attn_k_b / attn_v_b: compose_kv_b)
+  if (a.name == "deepseek2") {  // MLA (attn_k_b / attn_v_b: gguf_deepseek.h)
     static const std::map<std::string, std::string> mla = {
         {"attn_q_a.weight", "self_attn.q_a_proj.weight"},     {"attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"},
         {"attn_q_b.weight", "self_attn.q_b_proj.weight"},     {"attn_q.weight", "self_attn.q_proj.weight"},
@@ -279,6 +279,7 @@ CheckpointTables checkpoint_tables(const GgufModel& m) {
   const std::map<std::string, std::string> experts = expert_names(arch);
   out.config = config_from_gguf(m);
   const int64_t L = out.config["num_hidden_layers"].get<int64_t>();
+  if (arch.name == "deepseek2") check_kv_b_halves(m, out.config);
   for (const auto& part : m.parts()) {
     std::vector<TensorInfo> infos;
     for (const GgufTensor& t : part->tensors()) {
@@ -301,7 +302,10 @@ CheckpointTables checkpoint_tables(const GgufModel& m) {
         const std::string suffix = t.name.substr(dot + 1);
         const std::string prefix = fmt::format("model.layers.{}.", l);
         if (arch.name == "deepseek2" && (suffix == "attn_k_b.weight" || suffix == "attn_v_b.weight")) {
-          continue;  // read by compose_kv_b below
+          // [heads, rows, cols] as [heads * rows, cols]: each head's rows, in their own type
+          // (shapes checked against the config by check_kv_b_halves above).
+          const std::string hf = suffix == "attn_k_b.weight" ? "self_attn.k_b_proj.weight" : "self_attn.v_b_proj.weight";
+          infos.push_back(info_for(t, prefix + hf, {t.ne[2] * t.ne[1], t.ne[0]}, 0, t.nbytes));
         } else if (auto it = experts.find(suffix); it != experts.end()) {
           MOE_CHECK(t.n_dims == 3, "gguf model '{}': tensor {} should be 3-D [experts, rows, cols]", path,
                     t.describe());
@@ -325,8 +329,6 @@ CheckpointTables checkpoint_tables(const GgufModel& m) {
         SafetensorsFile::from_table(part->mapping(), part->file_size(), part->data_start(), part->path(), infos,
                                     part->backing()));
   }
-  if (arch.name == "deepseek2")
-    if (auto kv_b = compose_kv_b(m, out.config)) out.files.push_back(std::move(kv_b));
   return out;
 }
 

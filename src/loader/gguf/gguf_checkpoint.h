@@ -18,7 +18,8 @@
 // Architectures: qwen3moe (Qwen3-MoE), qwen2moe (Qwen1.5/Qwen2-MoE), llama with experts
 // (Mixtral: its q/k rows, permuted for ggml's interleaved RoPE, run with interleaved
 // RoPE), ernie4_5-moe (ERNIE-4.5 MoE) and deepseek2 (DeepSeek-V2/V3, MLA: the
-// converter's attn_k_b / attn_v_b are composed back into kv_b_proj, gguf_deepseek.h).
+// converter's attn_k_b / attn_v_b are mapped as self_attn.k_b_proj / v_b_proj,
+// gguf_deepseek.h).
 // Any other architecture is an error naming the supported ones.
 #pragma once
 

@@ -3,11 +3,9 @@
 #include <fmt/format.h>
 
 #include <cstdint>
-#include <cstring>
-#include <vector>
+#include <string>
 
 #include "core/check.h"
-#include "core/dtype.h"
 #include "loader/gguf/gguf_file.h"
 
 namespace moe::gguf {
@@ -73,17 +71,12 @@ void deepseek2_config(const GgufModel& m, nlohmann::json& c) {
   }
 }
 
-std::shared_ptr<SafetensorsFile> compose_kv_b(const GgufModel& m, const nlohmann::json& config) {
+void check_kv_b_halves(const GgufModel& m, const nlohmann::json& config) {
   const std::string& file = m.parts().front()->path();
   const int64_t L = config["num_hidden_layers"].get<int64_t>();
   const int64_t H = config["num_attention_heads"].get<int64_t>();
   const int64_t R = config["kv_lora_rank"].get<int64_t>();
   const int64_t nope = config["qk_nope_head_dim"].get<int64_t>(), v = config["v_head_dim"].get<int64_t>();
-  struct Pair {
-    int64_t layer;
-    const GgufTensor *kb, *vb;
-  };
-  std::vector<Pair> pairs;
   for (int64_t l = 0; l < L; ++l) {
     const GgufTensor* kb = m.find(fmt::format("blk.{}.attn_k_b.weight", l));
     const GgufTensor* vb = m.find(fmt::format("blk.{}.attn_v_b.weight", l));
@@ -94,52 +87,7 @@ std::shared_ptr<SafetensorsFile> compose_kv_b(const GgufModel& m, const nlohmann
               "be [heads {}, kv_lora_rank {}, qk_nope_head_dim {}]", file, kb->describe(), H, R, nope);
     MOE_CHECK(vb->n_dims == 3 && vb->ne[0] == R && vb->ne[1] == v && vb->ne[2] == H, "gguf model '{}': {} should "
               "be [heads {}, v_head_dim {}, kv_lora_rank {}]", file, vb->describe(), H, v, R);
-    pairs.push_back({l, kb, vb});
   }
-  if (pairs.empty()) return nullptr;
-  bool bf16 = true;
-  for (const Pair& p : pairs) bf16 = bf16 && p.kb->type == GgmlType::BF16 && p.vb->type == GgmlType::BF16;
-  const DType dt = bf16 ? DType::BF16 : DType::F32;
-  const uint64_t esize = dtype_size(dt);
-  const int64_t rows = H * (nope + v), per = rows * R;
-  const uint64_t layer_bytes = static_cast<uint64_t>(per) * esize;
-  auto buf = std::shared_ptr<void>(::operator new(layer_bytes * pairs.size()), [](void* p) { ::operator delete(p); });
-  std::vector<TensorInfo> infos;
-  std::vector<float> kb_rows(static_cast<size_t>(R * nope)), vb_row(static_cast<size_t>(R));
-  for (size_t i = 0; i < pairs.size(); ++i) {
-    const Pair& p = pairs[i];
-    uint8_t* out = static_cast<uint8_t*>(buf.get()) + i * layer_bytes;
-    auto put = [&](int64_t row, int64_t col, float x) {
-      const uint64_t at = static_cast<uint64_t>(row * R + col) * esize;
-      if (bf16) {
-        const uint16_t h = f32_to_bf16(x);  // exact: x is a bf16 value widened
-        std::memcpy(out + at, &h, 2);
-      } else {
-        std::memcpy(out + at, &x, 4);
-      }
-    };
-    for (int64_t h = 0; h < H; ++h) {
-      // K rows of head h: kv_b row h (nope + v) + j, column c = attn_k_b[h][c][j].
-      for (int64_t c = 0; c < R; ++c) p.kb->dequantize_row(h * R + c, kb_rows.data() + c * nope);
-      for (int64_t j = 0; j < nope; ++j)
-        for (int64_t c = 0; c < R; ++c) put(h * (nope + v) + j, c, kb_rows[static_cast<size_t>(c * nope + j)]);
-      // V rows: attn_v_b[h][j] as it is.
-      for (int64_t j = 0; j < v; ++j) {
-        p.vb->dequantize_row(h * v + j, vb_row.data());
-        for (int64_t c = 0; c < R; ++c) put(h * (nope + v) + nope + j, c, vb_row[static_cast<size_t>(c)]);
-      }
-    }
-    TensorInfo t;
-    t.name = fmt::format("model.layers.{}.self_attn.kv_b_proj.weight", p.layer);
-    t.dtype = dt;
-    t.shape = {rows, R};
-    t.offset = i * layer_bytes;
-    t.nbytes = layer_bytes;
-    infos.push_back(std::move(t));
-  }
-  return SafetensorsFile::from_table(buf, layer_bytes * pairs.size(), 0,
-                                     file + " (kv_b_proj composed from attn_k_b and attn_v_b)", std::move(infos),
-                                     Backing::kHeap);
 }
 
 }  // namespace moe::gguf

@@ -12,18 +12,15 @@
 //
 // kv_b_proj: the converter splits each layer's kv_b_proj [heads x (nope + v), kv_lora]
 // into attn_k_b [heads, kv_lora, nope] (each head's K rows, transposed) and attn_v_b
-// [heads, v, kv_lora], for llama.cpp's absorbed MLA. The engine reads kv_b_proj, so
-// compose_kv_b puts it back together, exactly (a copy of the values, dequantised when
-// quantised): one in-memory part holding every layer's kv_b_proj, BF16 when both halves
-// are BF16, else F32. It lives as long as the checkpoint (for DeepSeek-V3 in BF16: 61 x
-// 32 MiB); files that still hold attn_kv_b use it in place.
+// [heads, v, kv_lora], for llama.cpp's absorbed MLA. Those are the very matrices the
+// absorbed attention multiplies by (q_nope -> latent, latent -> v; model/attention.h), so
+// gguf_checkpoint maps them as they are, in their own type, under
+// self_attn.k_b_proj.weight [heads * kv_lora, nope] and self_attn.v_b_proj.weight
+// [heads * v, kv_lora]: a quantised pair stays in its codes, nothing is composed or
+// dequantised. Files that still hold attn_kv_b use it in place.
 #pragma once
 
-#include <memory>
-
 #include <nlohmann/json.hpp>
-
-#include "loader/safetensors.h"
 
 namespace moe::gguf {
 
@@ -33,9 +30,8 @@ class GgufModel;
 // model_type / architectures to deepseek_v3 or deepseek_v2.
 void deepseek2_config(const GgufModel& m, nlohmann::json& c);
 
-// The composed kv_b_proj of every layer that has attn_k_b and attn_v_b (under
-// model.layers.N.self_attn.kv_b_proj.weight), or nullptr when none has. Errors name the
-// tensor and the shape the config expects.
-std::shared_ptr<SafetensorsFile> compose_kv_b(const GgufModel& m, const nlohmann::json& config);
+// Checks every layer's attn_k_b / attn_v_b pair against the config: both present or
+// neither, each of the shape above. Errors name the tensor and the shape expected.
+void check_kv_b_halves(const GgufModel& m, const nlohmann::json& config);
 
 }  // namespace moe::gguf

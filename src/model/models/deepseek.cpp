@@ -58,6 +58,8 @@ AttentionKeys deepseek_keys(const ModelConfig& c, int64_t l) {
   k.kv_a = p + "kv_a_proj_with_mqa";
   k.kv_a_norm = p + "kv_a_layernorm";
   k.kv_b = p + "kv_b_proj";
+  k.k_b = p + "k_b_proj";  // a GGUF's halves of kv_b_proj (ModelConfig::mla_split_kv_b)
+  k.v_b = p + "v_b_proj";
   k.o = p + "o_proj";
   // attention_bias: the projections from the hidden state through q-LoRA / the latent,
   // and o_proj (q_proj, q_b_proj and kv_b_proj never have one).
