@@ -1,7 +1,8 @@
 // GPTQ, AWQ and compressed-tensors int4 checkpoints (loader/hf_int4/hf_int4.h): every
 // int4 weight loads into the W4A8 int4 format with (u - z) * s equal, bit for bit, to the
 // format's own package's dequantisation (tests/fixtures/hf_int4/<name>-ref, written by
-// tools/gen_hf_int4_fixtures.py with compressed-tensors and AutoAWQ), for experts under EP
+// tools/gen_hf_int4_fixtures.py with compressed-tensors, AutoAWQ and, for act order,
+// GPTQModel), for experts under EP
 // and MoE-TP and for linears under TP; dequantised, the model gives the reference
 // directory's logits bit for bit; in int4 it stays within the int8 activations' rounding
 // of them; bad files fail with errors that name the tensor or key.
@@ -678,6 +679,95 @@ TEST(HfInt4Model, Int4ModelNearTheReference) {
     EXPECT_GE(worst, kInt4Cosine);
     EXPECT_LT(worst, 1.0);  // the int4 path ran: int8 activations change something
   }
+}
+
+// GPTQ with desc_act as GPTQModel writes it (tests/fixtures/hf_int4/gptq_desc_act_asym_g32:
+// its TorchLinear.pack_original with scattered g_idx, q/k/v sharing one order and gate/up of
+// an expert one; experts of intermediate 64, so down's order moves neurons between two
+// groups). Every attention projection and expert stays int4, its inputs gathered
+// (in_perm), and unpacks to GPTQModel's own dequantisation bit for bit, on one rank and on
+// each of two TP ranks (a column slice of q keeps its order; o_proj's row slice cuts
+// groups, so it loads dequantised, exactly); dequantised, the model gives the reference's
+// logits bit for bit; in int4 only the int8 inputs differ.
+TEST(HfInt4Model, GptqModelActOrderCheckpointStaysInt4) {
+  const std::string name = "gptq_desc_act_asym_g32";
+  const Checkpoint q = Checkpoint::open(kDir + name), r = Checkpoint::open(kDir + name + "-ref");
+  const MoeConfig cfg = MoeConfig::from_hf(q.config());
+  ASSERT_EQ(cfg.moe_intermediate_size, 64);
+  auto same = [](const Tensor& got, const Tensor& want, const std::string& what) {
+    ASSERT_EQ(got.shape(), want.shape()) << what;
+    for (int64_t i = 0; i < want.numel(); ++i)
+      ASSERT_EQ(got.data<float>()[i], want.data<float>()[i]) << what << " element " << i;
+  };
+  for (int64_t layer = 0; layer < cfg.n_layers; ++layer) {
+    for (const char* mod : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+      const std::string key = fmt::format("model.layers.{}.self_attn.{}.weight", layer, mod);
+      const Tensor want = r.view(key);
+      const int64_t N = want.dim(0), K = want.dim(1);
+      ASSERT_TRUE(hf_int4::act_order(q, TensorRead{key, {N, K}, ShardRule::replicated(), 0, 1, layer}).has_value())
+          << key;
+      const bool row = std::string(mod) == "o_proj";
+      for (int size : {1, 2})
+        for (int rank = 0; rank < size; ++rank) {
+          LinearRead rd;
+          rd.weight = TensorRead{key, {N, K}, size == 1 ? ShardRule::replicated() : row ? ShardRule::row() : ShardRule::column(),
+                                 rank, size, layer};
+          const Linear l = load_linear(q, rd, LinearOptions::keeping_int4(DType::F32));
+          const std::string what = fmt::format("{} rank {}/{}", key, rank, size);
+          if (size == 2 && row) {  // half of the inputs of a scattered order: no whole groups
+            EXPECT_EQ(l.w.int4_group, 0) << what;
+          } else {
+            EXPECT_EQ(l.w.int4_group, 32) << what;
+            EXPECT_TRUE(l.w.in_perm.defined()) << what;
+          }
+          const Tensor got = unpack_expert(l.w, 0);
+          const int64_t Nl = got.dim(0), Kl = got.dim(1);
+          Tensor slice = Tensor::empty({Nl, Kl}, DType::F32);
+          for (int64_t n = 0; n < Nl; ++n)
+            for (int64_t k = 0; k < Kl; ++k)
+              slice.data<float>()[n * Kl + k] =
+                  want.data<float>()[(row ? n : rank * Nl + n) * K + (row ? rank * Kl : 0) + k];
+          same(got, slice, what);
+        }
+    }
+    // Experts: gate and up of one order, down's neurons reordered alike (expert_act_order).
+    MlpLoadOptions o;
+    o.strict = true;
+    const MoeLayerWeights w = load_moe_layer(q, cfg, layer, o);
+    ASSERT_EQ(w.w13.int4_group, 32);
+    ASSERT_TRUE(w.w13.in_perm.defined());
+    const int64_t H = cfg.hidden_size, I = cfg.moe_intermediate_size;
+    for (int64_t e = 0; e < cfg.n_experts; ++e) {
+      const std::string m = fmt::format("model.layers.{}.mlp.experts.{}.", layer, e);
+      auto read = [&](const char* proj, int64_t n, int64_t k) {
+        return TensorRead{m + proj + ".weight", {n, k}, ShardRule::replicated(), 0, 1, layer};
+      };
+      const auto ord = hf_int4::expert_act_order(q, read("gate_proj", I, H), read("up_proj", I, H),
+                                                 read("down_proj", H, I));
+      ASSERT_TRUE(ord.has_value()) << m;
+      const Tensor g = r.view(m + "gate_proj.weight"), u = r.view(m + "up_proj.weight"), dn = r.view(m + "down_proj.weight");
+      const Tensor u13 = unpack_expert(w.w13, e), u2 = unpack_expert(w.w2, e);
+      for (int64_t i = 0; i < I; ++i)
+        for (int64_t k = 0; k < H; ++k) {
+          const int64_t src = ord->inter[i];
+          ASSERT_EQ(u13.data<float>()[i * H + k], g.data<float>()[src * H + k]) << m << " gate " << i << " " << k;
+          ASSERT_EQ(u13.data<float>()[(I + i) * H + k], u.data<float>()[src * H + k]) << m << " up " << i << " " << k;
+          ASSERT_EQ(u2.data<float>()[k * I + i], dn.data<float>()[k * I + src]) << m << " down " << i << " " << k;
+        }
+    }
+  }
+  for (DType dt : {DType::F32, DType::BF16}) {
+    auto a = load(kDir + name, dt, false), b = load(kDir + name + "-ref", dt, false);
+    const Tensor la = prefill_logits(*a, kPrompts), lb = prefill_logits(*b, kPrompts);
+    ASSERT_EQ(la.shape(), lb.shape());
+    EXPECT_EQ(std::memcmp(la.data<float>(), lb.data<float>(), la.nbytes()), 0) << dtype_name(dt);
+  }
+  auto qm = load(kDir + name, DType::F32, true), fm = load(kDir + name + "-ref", DType::F32, false);
+  const double worst = test::worst_logit_cosine(prefill_logits(*qm, kPrompts), prefill_logits(*fm, kPrompts), kPrompts);
+  std::printf("[ hf_int4 ] %s (GPTQModel's act order) in int4 vs its reference: worst logit cosine %.9f\n",
+              name.c_str(), worst);
+  EXPECT_GE(worst, kInt4Cosine);
+  EXPECT_LT(worst, 1.0);
 }
 
 // Hostile int4 files: each an error naming the tensor (or key) when the model loads.

@@ -8,14 +8,19 @@ The references (run in a venv outside the repository, e.g.
       compressed-tensors accelerate
   pip download --no-deps autoawq==0.2.9 && tar xzf autoawq-0.2.9.tar.gz     (sdist only: its
       CUDA kernels are a separate package; we import two pure-torch modules from it)
-  /tmp/int4-venv/bin/python tools/gen_hf_int4_fixtures.py --autoawq-src autoawq-0.2.9)
+  pip download --no-deps --no-binary :all: gptqmodel==7.7.0 && tar xzf gptqmodel-7.7.0.tar.gz
+      (sdist only, for its GPTQ packer and dequantiser; see import_gptqmodel)
+  /tmp/int4-venv/bin/python tools/gen_hf_int4_fixtures.py --autoawq-src autoawq-0.2.9 \
+      --gptqmodel-src gptqmodel-7.7.0)
   * compressed-tensors (0.20.1): pack_to_int32 packs weight_packed and weight_zero_point,
     PackedQuantizationCompressor.decompress dequantises (scales given in f32, so the
     products are exact).
   * AutoAWQ (0.2.9): WQLinear_GEMM.from_linear packs qweight / qzeros (its GEMM order),
     awq.utils.packing_utils.dequantize_gemm dequantises (f32 scales).
-  * GPTQ: GPTQModel (the maintained GPTQ package) does not import without its CUDA/native
-    dependencies here, so the GPTQ tensors come from AutoAWQ's own GPTQ (ExLlama v1) packer,
+  * GPTQ with desc_act (act order): GPTQModel (7.7.0) packs it, TorchLinear.pack_original
+    with a scattered g_idx, and dequantises it, TorchLinear.dequantize_weight (f32 scales);
+    its v2 qzeros are written as v1 (its convert_gptq_v2_to_v1_format: the word - 0x11111111).
+  * GPTQ without act order: the GPTQ tensors come from AutoAWQ's own GPTQ (ExLlama v1) packer,
     awq.utils.packing_utils.unpack_reorder_pack (AWQ -> qweight [K/8, N] packed along k,
     qzeros of zero - 1 packed along n), and the reference is dequantize_gemm of the AWQ
     tensors it came from. This script also packs GPTQ with numpy following GPTQModel's
@@ -26,6 +31,7 @@ Codes, zero points and scales are random (seeded), zero points over all of [0, 1
 v1 borrows occur; scales are f16 (GPTQ, AWQ) or bf16 (compressed-tensors) values.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -52,8 +58,8 @@ def base_config():
     }
 
 
-def linears():
-    """(module, out N, in K) of every linear the formats quantise."""
+def linears(i_size=I):
+    """(module, out N, in K) of every linear the formats quantise (experts' intermediate i_size)."""
     out = []
     for l in range(L):
         a = f"model.layers.{l}.self_attn."
@@ -61,7 +67,7 @@ def linears():
                 (a + "o_proj", H, NH * HD)]
         for e in range(E):
             p = f"model.layers.{l}.mlp.experts.{e}."
-            out += [(p + "gate_proj", I, H), (p + "up_proj", I, H), (p + "down_proj", H, I)]
+            out += [(p + "gate_proj", i_size, H), (p + "up_proj", i_size, H), (p + "down_proj", H, i_size)]
     return out
 
 
@@ -160,6 +166,113 @@ def gptq_from_awq(awq, q, z, s, group, v2):
             "g_idx": torch.tensor(group_index(k, group), dtype=torch.int32)}, ref
 
 
+# ---- GPTQModel, imported from its sdist: its package __init__ and the modules around its
+# quantised linears pull its CUDA kernels, datasets, model definitions and logging/device
+# helpers (pcre, logbar, threadpoolctl, ...). The packer and the dequantiser use none of
+# them, so those imports are stood in by placeholders that accept anything; the code that
+# packs and dequantises is the package's own, unchanged. -------------------------------------
+class _Placeholder:
+    """Any attribute, call or iteration of a stood-in import: another placeholder, or nothing."""
+
+    def __init__(self, name="placeholder"):
+        self._name = name
+
+    def __getattr__(self, k):
+        if k.startswith("__"):
+            raise AttributeError(k)
+        return _Placeholder(f"{self._name}.{k}")
+
+    def __call__(self, *a, **k):
+        return _Placeholder(f"{self._name}()")
+
+    def __iter__(self):
+        return iter(())
+
+    def __bool__(self):
+        return False
+
+    def __hash__(self):
+        return hash(self._name)
+
+    def __eq__(self, other):
+        return isinstance(other, _Placeholder) and other._name == self._name
+
+
+class _PlaceholderType(type):
+    """A stood-in class (enums like DEVICE, FORMAT; base classes): usable in annotations."""
+
+    def __getattr__(cls, k):
+        if k.startswith("__"):
+            raise AttributeError(k)
+        return _Placeholder(f"{cls.__name__}.{k}")
+
+    def __iter__(cls):
+        return iter(())
+
+
+def import_gptqmodel(src):
+    def package(name):
+        m = types.ModuleType(name)
+        m.__path__ = [os.path.join(src, *name.split("."))]
+        sys.modules[name] = m
+
+    def stand_in(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+
+        def missing(k):
+            if k.startswith("__"):
+                raise AttributeError(k)
+            return _PlaceholderType(k, (), {"__init__": lambda self, *a, **kw: None,
+                                            "__getattr__": lambda self, a: _Placeholder(a)})
+        m.__getattr__ = missing
+        sys.modules[name] = m
+
+    class Threads:
+        @staticmethod
+        def threadpool_limits(*a, **k):
+            return contextlib.nullcontext()
+
+    for name in ("gptqmodel", "gptqmodel.nn_modules", "gptqmodel.utils", "gptqmodel.models", "gptqmodel.adapter"):
+        package(name)
+    stand_in("gptqmodel.adapter.adapter")
+    stand_in("gptqmodel.models._const", HAS_CUDA=False)
+    stand_in("gptqmodel.quantization")
+    stand_in("gptqmodel.utils.backend")
+    stand_in("gptqmodel.utils.logger", setup_logger=lambda *a, **k: _Placeholder("log"))
+    stand_in("gptqmodel.utils.safe", THREADPOOLCTL=Threads())
+    stand_in("gptqmodel.utils.torch", torch_compile=lambda f, **k: f)
+    stand_in("gptqmodel.utils.rocm", IS_ROCM=False)
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear  # noqa: E402
+    return TorchLinear
+
+
+def gptq_desc_act(torch_linear, q, z, s, group, g_idx):
+    """GPTQModel's packing of a weight whose column j is (q - z[g_idx[j]]) * s[g_idx[j]] (act order),
+    and its dequantisation of what it packed."""
+    n, k = q.shape
+    gi = torch.tensor(g_idx, dtype=torch.int32)
+    s32 = s.to(torch.float32)
+    lin = torch.nn.Linear(k, n, bias=False)
+    lin.weight.data = torch.tensor(q - z[:, g_idx], dtype=torch.float32) * s32[:, g_idx]
+    m = torch_linear(bits=4, group_size=group, sym=False, desc_act=True, in_features=k, out_features=n, bias=False)
+    m.pack_original(lin, s32, torch.tensor(z, dtype=torch.int32), gi)
+    qzeros_v2 = m.qzeros.clone()
+    m.post_init()
+    m.scales = m.scales.to(torch.float32)  # as written (f16 values), products exact in f32
+    ref = m.dequantize_weight().t().contiguous().to(torch.float32)  # [N, K]
+    qzeros_v1 = ((qzeros_v2.numpy().view(np.uint32).astype(np.uint64) - 0x11111111) % (1 << 32)).astype(np.uint32)
+    return {"qweight": m.qweight.contiguous(), "qzeros": torch.tensor(qzeros_v1.view(np.int32)),
+            "scales": s.t().contiguous().to(torch.float16), "g_idx": gi}, ref
+
+
+def act_order(rng, k, group):
+    """A desc_act g_idx: the columns quantised in a random order, group i the i-th run of `group`."""
+    rank = np.empty(k, dtype=np.int64)
+    rank[rng.permutation(k)] = np.arange(k)
+    return rank // group
+
+
 # ---- compressed-tensors ----------------------------------------------------------------------
 def ct_pack(q, z, s, group, sym):
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
@@ -189,12 +302,17 @@ VARIANTS = [
     ("awq_g32", "awq", 32, False, {}),
     ("ct_sym_g32", "compressed-tensors", 32, True, {}),
     ("ct_asym_channel", "compressed-tensors", -1, False, {}),
+    # desc_act: every linear in a scattered act order (q/k/v one order, as GPTQ quantises them
+    # on one input, and gate/up of an expert one); experts of intermediate 64, so down's order
+    # moves neurons between its two groups
+    ("gptq_desc_act_asym_g32", "gptq", 32, False, {"desc_act": True, "moe_intermediate_size": 64}),
 ]
 
 
 def quant_config(method, group, sym, extra, args):
     if method == "gptq":
-        return {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym, "desc_act": False,
+        return {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym,
+                "desc_act": bool(extra.get("desc_act")),
                 "static_groups": False, "true_sequential": True, "lm_head": False,
                 "checkpoint_format": "gptq_v2" if extra.get("v2") else "gptq"}
     if method == "awq":
@@ -217,9 +335,11 @@ def write_dir(path, config, tensors):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--autoawq-src", required=True, help="the unpacked autoawq-0.2.9 sdist")
+    ap.add_argument("--gptqmodel-src", required=True, help="the unpacked gptqmodel-7.7.0 sdist")
     ap.add_argument("--out", default=OUT)
     a = ap.parse_args()
     awq = import_awq(os.path.abspath(a.autoawq_src))
+    torch_linear = import_gptqmodel(os.path.abspath(a.gptqmodel_src))
     for name, *_ in VARIANTS:  # README.md stays
         for d in (name, name + "-ref"):
             shutil.rmtree(os.path.join(a.out, d), ignore_errors=True)
@@ -230,9 +350,17 @@ def main():
         qt, rt = dict(floats), dict(floats)
         args = None
         sdt = torch.bfloat16 if method == "compressed-tensors" else torch.float16
-        for m, n, k in linears():
+        i_size = extra.get("moe_intermediate_size", I)
+        orders = {}  # desc_act: one g_idx per input the linears share
+        for m, n, k in linears(i_size):
             q, z, s = random_quant(rng, n, k, group, sym, sdt)
-            if method == "gptq":
+            gi = group_index(k, group)
+            if extra.get("desc_act"):
+                shared = m.rsplit(".", 1)[0] + (".qkv" if m.endswith(("q_proj", "k_proj", "v_proj")) else
+                                                ".gate_up" if m.endswith(("gate_proj", "up_proj")) else "." + m)
+                gi = orders.setdefault(shared, act_order(rng, k, group))
+                t, ref = gptq_desc_act(torch_linear, q, z, s, group, gi)
+            elif method == "gptq":
                 t, ref = gptq_from_awq(awq, q, z, s, group, extra.get("v2", False))
             elif method == "awq":
                 qw, qz, sc = awq_pack(awq, q, z, s, group)
@@ -241,20 +369,20 @@ def main():
             else:
                 t, ref, args = ct_pack(q, z, s, group, sym)
             # Our own statement of the value, for the assertion only: (q - z) * s in f64.
-            gi = group_index(k, group)
             want = ((q - z[:, gi]) * s.to(torch.float64).numpy()[:, gi]).astype(np.float32)
             assert np.array_equal(ref.numpy(), want), f"{name} {m}: reference dequantisation is not (q - z) * s"
             for suffix, v in t.items():
                 qt[f"{m}.{suffix}"] = v
             rt[f"{m}.weight"] = ref
-        cfg = base_config()
+        cfg = dict(base_config(), moe_intermediate_size=i_size)
+        write_dir(os.path.join(a.out, name + "-ref"), cfg, rt)
         cfg["quantization_config"] = quant_config(method, group, sym, extra, args)
         write_dir(os.path.join(a.out, name), cfg, qt)
-        write_dir(os.path.join(a.out, name + "-ref"), base_config(), rt)
         manifest[name] = {"method": method, "group_size": group, "sym": sym, **extra}
     with open(os.path.join(a.out, "manifest.json"), "w") as f:
         json.dump({"generator": "tools/gen_hf_int4_fixtures.py", "torch": torch.__version__,
                    "compressed_tensors": __import__("compressed_tensors").__version__, "autoawq": "0.2.9 (sdist)",
+                   "gptqmodel": "7.7.0 (sdist)",
                    "variants": manifest}, f, indent=2)
 
 
