@@ -214,12 +214,23 @@ check_structured() {
     [ "$(jq -c '.choices[0].message' <<<"$again")" = "$(jq -c '.choices[0].message' <<<"$first")" ] ||
       fail "json_schema seed $seed: the repeat differs"
   done
+  # How long a forced call takes is the random model's draw: between JSON tokens the
+  # grammar allows whitespace, which these weights often pick, and "required" allows more
+  # calls after the first; the 512-token context leaves 140 tokens after the tool list.
+  # So every reply that finishes must be valid calls, and of 8 seeds at least 2 must
+  # finish (measured on the DeepSeek FP8 fixture: "required" 8 of 12 seeds, named 12 of 12).
+  local finished
   for choice in '"required"' '{"type": "function", "function": {"name": "get_time"}}'; do
-    for seed in 1 2; do
+    finished=0
+    for seed in 1 2 3 4 5 6 7 8; do
+      [ "$finished" -ge 2 ] && break
       first=$(post /v1/chat/completions "$(structured_body $seed "{\"tools\": $TOOLS, \"tool_choice\": $choice, \"max_tokens\": 140}")")
       [ "$(status)" = 200 ] || fail "tool_choice $choice: status $(status): $first"
-      [ "$(jq -r '.choices[0].finish_reason' <<<"$first")" = tool_calls ] ||
-        fail "tool_choice $choice seed $seed: $(jq -c '.choices[0]' <<<"$first")"
+      case "$(jq -r '.choices[0].finish_reason' <<<"$first")" in
+        tool_calls) finished=$((finished + 1)) ;;
+        length) continue ;;
+        *) fail "tool_choice $choice seed $seed: $(jq -c '.choices[0]' <<<"$first")" ;;
+      esac
       jq -e '.choices[0].message.tool_calls | length >= 1 and all(.[]; .type == "function" and (.id | length > 0) and
              (if .function.name == "get_time" then (.function.arguments | fromjson | keys == ["tz"] and (.tz == "utc" or .tz == "cet"))
               elif .function.name == "get_weather" then (.function.arguments | fromjson | .city | type == "string" and length <= 8)
@@ -230,6 +241,7 @@ check_structured() {
           fail "named tool_choice called another tool: $(jq -c '.choices[0].message' <<<"$first")"
       fi
     done
+    [ "$finished" -ge 2 ] || fail "tool_choice $choice: fewer than 2 of 8 seeds ended their calls within 140 tokens"
   done
   echo "ok: json_schema replies validate (and repeat from the cache); forced tool calls validate"
 }
