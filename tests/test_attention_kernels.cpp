@@ -263,6 +263,86 @@ TEST(AttentionKernels, PagedScatteredBlocksGiveTheSameBits) {
 // (a convex combination of V rows) by that times |v| (a few) plus 2^-9 |v| from V
 // itself: sd ~0.005-0.01. 5e-2 is 5-10 sd, for the max over ~150k outputs (observed
 // 0.022).
+// MLA's attention of one head in the latent space (mla_latent_attend): the same bits on
+// every ISA level the CPU has (two vectors of partial sums added in a fixed order, the
+// tail in order), for latent sizes that are and are not multiples of 32, f32 and bf16
+// caches; and the softmax attention it computes, in double precision, as close as the
+// plain f32 loop (one chain per dot product) comes.
+TEST(AttentionKernels, MlaLatentSameBitsOnEveryIsaAndNearDouble) {
+  const int64_t n_ctx = 259, max_seq = 272;
+  for (const auto& [L, R] : {std::pair<int64_t, int64_t>{512, 64}, {20, 5}, {96, 33}})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE("kv_lora " + std::to_string(L) + " rope " + std::to_string(R) + " " + dtype_name(dt));
+      KvCacheShape ks;
+      ks.n_layers = 1;
+      ks.n_slots = 1;
+      ks.max_seq = max_seq;
+      ks.a_dim = L;
+      ks.b_dim = R;
+      ks.block_size = 16;
+      ks.dtype = dt;
+      ks.a_tiled = false;  // as the model keeps MLA's latent rows
+      KvCache cache(ks);
+      const Tensor rows = test::random_f32({n_ctx, L + R}, 1.f, 11);
+      for (int64_t j = 0; j < n_ctx; ++j) {
+        cache.put_a(0, 0, j, rows.data<float>() + j * (L + R));
+        cache.put_b(0, 0, j, rows.data<float>() + j * (L + R) + L);
+      }
+      const Tensor q = test::random_f32({L + R}, 1.f, 12);
+      MlaAttendArgs a;
+      a.cache = &cache;
+      a.n_ctx = n_ctx;
+      a.q_lat = q.data<float>();
+      a.q_pe = q.data<float>() + L;
+      a.scale = 0.05f;
+      std::vector<float> sc(n_ctx), first(L), got(L);
+      bool have_first = false;
+      for (Isa isa : test::available_isas()) {
+        test::IsaScope scope(isa);
+        a.sc = sc.data();
+        a.o_lat = got.data();
+        mla_latent_attend(a);
+        if (!have_first) {
+          first = got;
+          have_first = true;
+          continue;
+        }
+        EXPECT_EQ(std::memcmp(first.data(), got.data(), L * sizeof(float)), 0) << "isa " << isa_name(isa);
+      }
+      // The cached values (rounded to bf16 by a bf16 cache), in double and as a plain
+      // f32 loop computes them.
+      std::vector<float> ca(L), cb(R);
+      auto attention = [&](auto zero) {
+        using T = decltype(zero);
+        std::vector<T> s(n_ctx), o(L, T(0));
+        T mx = -1e30, sum = 0;
+        for (int64_t j = 0; j < n_ctx; ++j) {
+          const float* c = cache.row_a(0, 0, j, ca.data());
+          const float* p = cache.row_b(0, 0, j, cb.data());
+          T acc = 0;
+          for (int64_t l = 0; l < L; ++l) acc += static_cast<T>(a.q_lat[l]) * c[l];
+          for (int64_t r = 0; r < R; ++r) acc += static_cast<T>(a.q_pe[r]) * p[r];
+          s[j] = acc * static_cast<T>(a.scale);
+          mx = std::max(mx, s[j]);
+        }
+        for (int64_t j = 0; j < n_ctx; ++j) sum += s[j] = std::exp(s[j] - mx);
+        for (int64_t j = 0; j < n_ctx; ++j) {
+          const float* c = cache.row_a(0, 0, j, ca.data());
+          for (int64_t l = 0; l < L; ++l) o[l] += s[j] / sum * c[l];
+        }
+        return o;
+      };
+      const std::vector<double> want = attention(0.0);
+      const std::vector<float> plain = attention(0.f);
+      double worst = 0, worst_plain = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        worst = std::max(worst, std::fabs(want[l] - first[l]));
+        worst_plain = std::max(worst_plain, std::fabs(want[l] - plain[l]));
+      }
+      EXPECT_LE(worst, 1.5 * worst_plain + 1e-7) << "the plain f32 loop is off by " << worst_plain;
+    }
+}
+
 TEST(AttentionKernels, Bf16CacheCloseToF32Cache) {
   for (const auto& [c, seed] : std::vector<std::pair<Case, uint64_t>>{{{32, 4, 128, {{0, 37}}}, 1},
                                                                      {{6, 2, 32, {{70, 1}, {5, 1}, {0, 3}}}, 4}}) {

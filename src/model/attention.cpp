@@ -29,45 +29,6 @@ std::vector<int32_t> seq_of_tokens(const StepBatch& b) {
   return out;
 }
 
-// q . c over n values, c widened from the cache's element type: kDotLanes partial sums
-// (lane i takes every kDotLanes-th product from i), then halves added pairwise. One float
-// chain waited 4 cycles per product (a decode step of a DeepSeek-V3-attention GGUF spent
-// a third of its time there); independent lanes vectorise. A fixed order, so a token's
-// score has the same bits in any batch and on any ISA.
-constexpr int kDotLanes = 16;
-template <class E>
-float latent_dot(const float* q, const E* c, int64_t n) {
-  float acc[kDotLanes] = {};
-  int64_t i = 0;
-  for (; i + kDotLanes <= n; i += kDotLanes)
-    for (int w = 0; w < kDotLanes; ++w) acc[w] += q[i + w] * kv_widen(c[i + w]);
-  for (int w = 0; i < n; ++i, ++w) acc[w] += q[i] * kv_widen(c[i]);
-  for (int half = kDotLanes / 2; half > 0; half /= 2)
-    for (int w = 0; w < half; ++w) acc[w] += acc[w + half];
-  return acc[0];
-}
-
-// One MLA head's attention in the latent space over the cached rows [0, n_ctx) of a
-// slot: scores (q_lat . c_kv_j + q_pe . k_pe_j) * scale, softmax, and o_lat = sum_j p_j
-// c_kv_j. E as in KvCache::a_row: a bf16 cache is widened (exactly) as it is read, so
-// the bits are the f32 code's on the rounded values.
-template <class E>
-void mla_latent_attend(const KvCache& cache, int64_t layer, int64_t slot, int64_t n_ctx, const float* q_lat,
-                       const float* q_pe, float scale, float* sc, float* o_lat) {
-  const int64_t L = cache.a_dim(), R = cache.b_dim();
-  for (int64_t j = 0; j < n_ctx; ++j) {
-    const float s_lat = latent_dot(q_lat, cache.a_row<E>(layer, slot, j), L);
-    const float s_pe = latent_dot(q_pe, cache.b_row<E>(layer, slot, j), R);
-    sc[j] = (s_lat + s_pe) * scale;
-  }
-  softmax_inplace(sc, n_ctx);
-  std::fill(o_lat, o_lat + L, 0.f);
-  for (int64_t j = 0; j < n_ctx; ++j) {
-    const E* cj = cache.a_row<E>(layer, slot, j);
-    for (int64_t l = 0; l < L; ++l) o_lat[l] += sc[j] * kv_widen(cj[l]);
-  }
-}
-
 void check_heads(const char* what, int64_t n, int tp) {
   MOE_CHECK(n % tp == 0,
             "attention TP size {} (--tp or --attn-tp) does not divide the model's {} {} (attention heads are split "
@@ -376,7 +337,6 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
   const int64_t max_seq = c.cache->max_seq();
   const float scale = static_cast<float>(scale_);
   const KvCache& cache = *c.cache;
-  const bool bf16 = cache.dtype() == DType::BF16;
   // Tokens in chunks, so the head-major buffers below stay at most kLatentChunk floats
   // each (a 4096-token prompt of DeepSeek-V3, 128 heads x 512 latent, would take 1 GiB per
   // buffer whole; its chunks are 64 tokens, rows enough for the prefill GEMM kernel).
@@ -400,15 +360,17 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
       for (int64_t i = 0; i < tc; ++i)
         for (int64_t h = 0; h < nh; ++h) {
           const int64_t t = t0 + i;
-          const SeqSpan& sp = b.seqs[seq[t]];
-          const int64_t n_ctx = b.positions[t] + 1;
-          const float* q_pe = q + t * nq + h * qk + nope_;
-          const float* ql = q_lat + (h * tc + i) * L;
-          float* ol = o_lat + (h * tc + i) * L;
-          if (bf16)
-            mla_latent_attend<uint16_t>(cache, c.layer, sp.slot, n_ctx, ql, q_pe, scale, sc.data(), ol);
-          else
-            mla_latent_attend<float>(cache, c.layer, sp.slot, n_ctx, ql, q_pe, scale, sc.data(), ol);
+          MlaAttendArgs ma;
+          ma.cache = &cache;
+          ma.layer = c.layer;
+          ma.slot = b.seqs[seq[t]].slot;
+          ma.n_ctx = b.positions[t] + 1;
+          ma.q_lat = q_lat + (h * tc + i) * L;
+          ma.q_pe = q + t * nq + h * qk + nope_;
+          ma.scale = scale;
+          ma.sc = sc.data();
+          ma.o_lat = o_lat + (h * tc + i) * L;
+          mla_latent_attend(ma);
         }
     }
     head_linear_forward(uv_, o_lat, tc, hx, s.lin);  // W_UV of every head's latent output

@@ -9,6 +9,14 @@ namespace moe {
 
 void gqa_attend_avx512(const GqaAttendArgs& a);  // attention_kernels_avx512.cpp
 void gqa_attend_avx2(const GqaAttendArgs& a);    // attention_kernels_avx2.cpp
+void mla_latent_attend_avx512(const MlaAttendArgs& a);
+void mla_latent_attend_avx2(const MlaAttendArgs& a);
+
+void mla_latent_attend(const MlaAttendArgs& a) {
+  if (active_isa() >= Isa::Avx512) mla_latent_attend_avx512(a);
+  else if (active_isa() == Isa::Avx2) mla_latent_attend_avx2(a);
+  else attn_impl::mla_latent_attend(a);
+}
 
 void gqa_attend(const GqaAttendArgs& a) {
   if (a.batch->n_tokens() == 0) return;

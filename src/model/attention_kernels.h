@@ -42,6 +42,21 @@ void gqa_attend(const GqaAttendArgs& a);
 // The plain loop (one query and head at a time, the same chunks, spans and exp; no
 // vectors), kept as the reference the tests compare against.
 void gqa_attend_reference(const GqaAttendArgs& a);
+// MLA's attention of one query head in the latent space (model/attention.h MlaAttention):
+// scores (q_lat . c_kv_j + q_pe . k_pe_j) * scale over the slot's cached rows [0, n_ctx)
+// (c_kv in plane A, k_pe in plane B), softmax, and o_lat = sum_j p_j c_kv_j. The same
+// bits on every ISA and in any batch (fixed orders, attention_kernels_impl.h).
+struct MlaAttendArgs {
+  const KvCache* cache = nullptr;
+  int64_t layer = 0, slot = 0, n_ctx = 0;
+  const float* q_lat = nullptr;  // [kv_lora]
+  const float* q_pe = nullptr;   // [rope dims]
+  float scale = 1.f;
+  float* sc = nullptr;     // scratch [n_ctx]: scores, then probabilities
+  float* o_lat = nullptr;  // out [kv_lora]
+};
+void mla_latent_attend(const MlaAttendArgs& a);
+
 // Softmax of sc[0..n) in place: f32, max-subtracted, sequential sum (as torch.softmax),
 // for MLA's attention (model/attention.cpp).
 void softmax_inplace(float* sc, int64_t n);

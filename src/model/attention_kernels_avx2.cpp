@@ -6,5 +6,6 @@
 namespace moe {
 
 void gqa_attend_avx2(const GqaAttendArgs& a) { attn_impl::gqa_attend(a); }
+void mla_latent_attend_avx2(const MlaAttendArgs& a) { attn_impl::mla_latent_attend(a); }
 
 }  // namespace moe

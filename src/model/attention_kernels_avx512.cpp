@@ -4,5 +4,6 @@
 namespace moe {
 
 void gqa_attend_avx512(const GqaAttendArgs& a) { attn_impl::gqa_attend(a); }
+void mla_latent_attend_avx512(const MlaAttendArgs& a) { attn_impl::mla_latent_attend(a); }
 
 }  // namespace moe
