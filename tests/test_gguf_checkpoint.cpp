@@ -68,6 +68,18 @@ void expect_same_logits(const std::string& gguf, const std::string& dir,
   }
 }
 
+// `coded` loaded with its integer-coded weights in their codes against `dequantised`
+// loaded dequantised, in f32: within kInt4Cosine (the int8 inputs of the coded GEMMs are
+// the only difference), and not equal (the coded path ran).
+void expect_codes_near_dequantised(const std::string& coded, const std::string& dequantised,
+                                   const std::vector<std::vector<int32_t>>& prompts, const char* what) {
+  auto q = load(coded, DType::F32, true), f = load(dequantised, DType::F32, false);
+  const double worst = test::worst_logit_cosine(prefill_logits(*q, prompts), prefill_logits(*f, prompts), prompts);
+  std::printf("[ gguf ] %s: worst logit cosine %.9f\n", what, worst);
+  EXPECT_GE(worst, kInt4Cosine);
+  EXPECT_LT(worst, 1.0);
+}
+
 // 16 greedy tokens per golden prompt equal transformers' (the fixture's goldens).
 void expect_greedy_tokens(Model& m, const test::ModelFixture& f) {
   GenerateOptions go;
@@ -181,14 +193,7 @@ TEST(GgufCheckpoint, DeepseekQuantisedKvBHalvesStayInTheirCodes) {
   const std::string path = kModels + "deepseek-quant.gguf", ref = kModels + "deepseek-quant-ref";
   const std::vector<std::vector<int32_t>> prompts = {{3}, {1, 4, 1, 5, 9}, {2, 6, 5, 3, 5, 8, 9, 7, 9}};
   expect_same_logits(path, ref, prompts);
-  {
-    auto q = load(path, DType::F32, true), f = load(ref, DType::F32, false);
-    const Tensor lq = prefill_logits(*q, prompts), lf = prefill_logits(*f, prompts);
-    const double worst = test::worst_logit_cosine(lq, lf, prompts);
-    std::printf("[ gguf ] DeepSeek with coded kv_b halves vs its dequantised twin: worst logit cosine %.9f\n", worst);
-    EXPECT_GE(worst, kInt4Cosine);
-    EXPECT_LT(worst, 1.0);  // the int8 inputs do change something: the coded path ran
-  }
+  expect_codes_near_dequantised(path, ref, prompts, "DeepSeek with coded kv_b halves vs its dequantised twin");
   const Checkpoint g = Checkpoint::open(path), d = Checkpoint::open(ref);
   const int64_t H = d.config().at("num_attention_heads"), R = d.config().at("kv_lora_rank");
   const int64_t nope = d.config().at("qk_nope_head_dim"), v = d.config().at("v_head_dim");
@@ -350,12 +355,7 @@ TEST(GgufCheckpoint, Q4_0LinearIsExactInt4) {
 TEST(GgufCheckpoint, Q4_0ExpertsModelNearTheF32One) {
   const std::string path = kModels + "qwen3moe-quant.gguf";
   const std::vector<std::vector<int32_t>> prompts = {{3}, {1, 4, 1, 5, 9}, {2, 6, 5, 3, 5, 8, 9, 7, 9}};
-  auto q = load(path, DType::F32, true), f = load(path, DType::F32, false);
-  const Tensor lq = prefill_logits(*q, prompts), lf = prefill_logits(*f, prompts);
-  const double worst = test::worst_logit_cosine(lq, lf, prompts);
-  std::printf("[ gguf ] Q4_0 file with every coded weight in its codes vs dequantised f32: worst logit cosine %.9f\n", worst);
-  EXPECT_GE(worst, kInt4Cosine);
-  EXPECT_LT(worst, 1.0);  // the int8 activations do change something: the int4 path ran
+  expect_codes_near_dequantised(path, path, prompts, "Q4_0 file with every coded weight in its codes vs dequantised f32");
 }
 
 // Every GGUF integer-coded type loads into its group-coded format without losing a bit:

@@ -431,6 +431,17 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def write_ref_dir(name, cfg, tensors):
+    """OUT/NAME-ref/: a Hugging Face directory of f32 tensors and cfg; its path."""
+    d = os.path.join(OUT, name + "-ref")
+    os.makedirs(d, exist_ok=True)
+    write_safetensors(os.path.join(d, "model.safetensors"), tensors)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    return d
+
+
 # The K-quant model: llama.cpp's Q4_K_M recipe for the routed experts of layer 0 (gate and
 # up Q4_K, down Q6_K) and, in layer 1, gate and up of two forms (Q5_K has a min, Q8_0 a
 # zero point) with down Q5_1; k of 256 so every row holds whole K-quant blocks.
@@ -488,14 +499,8 @@ def quantised(name="qwen3moe-quant", cfg=QCFG, experts=None, seed=2026, ref_dir=
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    if not ref_dir:
-        return
-    d = os.path.join(OUT, name + "-ref")
-    os.makedirs(d, exist_ok=True)
-    write_safetensors(os.path.join(d, "model.safetensors"), ref)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
+    if ref_dir:
+        write_ref_dir(name, cfg, ref)
 
 
 # The quantised DeepSeek-V3: kv_b_proj's halves in legacy quantised types (attn_k_b's rows
@@ -560,12 +565,7 @@ def quantised_deepseek(name="deepseek-quant", seed=2028):
         for proj, (n, k) in shapes:
             n, k = (n * cfg["n_shared_experts"], k) if proj != "down_proj" else (n, k * cfg["n_shared_experts"])
             mat(f"{p}mlp.shared_experts.{proj}.weight", (n, k))
-    d = os.path.join(OUT, name + "-ref")
-    os.makedirs(d, exist_ok=True)
-    write_safetensors(os.path.join(d, "model.safetensors"), t)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
+    d = write_ref_dir(name, cfg, t)
     convert_deepseek(d, os.path.join(OUT, name + ".gguf"), T.F32, kv_b_raw=raws)
 
 
