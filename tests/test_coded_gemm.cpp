@@ -491,12 +491,6 @@ TEST(CodedGemm, BadInputsNameTheProblem) {
   }
 }
 
-}  // namespace
-}  // namespace moe
-
-namespace moe {
-namespace {
-
 // `moe-ep bench --dtype q8_0,q5_0,q4_0` (GGUF-coded routed experts) runs each layer and
 // checks it against the f32 layer before timing (cosine >= 0.98; measured 0.9998, 0.998,
 // 0.993 at the qwen3-30b-a3b shape): a wrong code, scale or zero point in its quantiser

@@ -155,7 +155,8 @@ TensorRead HeadLinearsRead::head(int64_t h) const {
 
 namespace {
 
-// count per-head Linears (one expert each, all of one format) as one of count experts.
+// count per-head Linears (one expert each, all of one format) as one of count experts:
+// load_linear's formats (a GGUF's codes, FP8, ...) without a second packer of each.
 Linear stack_heads(int64_t count, const std::function<Linear(int64_t)>& head) {
   MOE_CHECK(count > 0, "a head linear needs at least one head");
   Linear out;
@@ -191,7 +192,17 @@ Linear load_head_linears(const Checkpoint& ck, const HeadLinearsRead& r, const L
 }
 
 Linear make_head_linears(int64_t count, const std::function<Tensor(int64_t)>& head, const LinearOptions& o) {
-  return stack_heads(count, [&](int64_t h) { return make_linear(head(h), o); });
+  MOE_CHECK(count > 0 && o.int4_group == 0, "head linears: {} heads, int4 group {} (none expected)", count,
+            o.int4_group);
+  Linear out;
+  for (int64_t h = 0; h < count; ++h) {  // each head packed once, straight into its slot
+    const Tensor w = head(h);
+    if (h == 0) out.w = make_packed_experts(count, w.dim(0), w.dim(1), o.compute, /*gated=*/false);
+    MOE_CHECK(w.ndim() == 2 && w.dim(0) == out.w.n && w.dim(1) == out.w.k, "head linears: head {} is {}, head 0 [{}, {}]",
+              h, w.describe(), out.w.n, out.w.k);
+    pack_expert(out.w, h, w);
+  }
+  return out;
 }
 
 namespace {

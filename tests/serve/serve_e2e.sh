@@ -217,8 +217,10 @@ check_structured() {
   # How long a forced call takes is the random model's draw: between JSON tokens the
   # grammar allows whitespace, which these weights often pick, and "required" allows more
   # calls after the first; the 512-token context leaves 140 tokens after the tool list.
-  # So every reply that finishes must be valid calls, and of 8 seeds at least 2 must
-  # finish (measured on the DeepSeek FP8 fixture: "required" 8 of 12 seeds, named 12 of 12).
+  # So every reply that finishes must be valid calls, one cut by max_tokens must be inside
+  # the forced call (no text before it, any parsed call one of the listed tools), and of 8
+  # seeds at least 2 must finish (measured on the DeepSeek FP8 fixture: "required" 8 of 12
+  # seeds, named 12 of 12).
   local finished
   for choice in '"required"' '{"type": "function", "function": {"name": "get_time"}}'; do
     finished=0
@@ -228,7 +230,11 @@ check_structured() {
       [ "$(status)" = 200 ] || fail "tool_choice $choice: status $(status): $first"
       case "$(jq -r '.choices[0].finish_reason' <<<"$first")" in
         tool_calls) finished=$((finished + 1)) ;;
-        length) continue ;;
+        length)
+          jq -e '.choices[0].message | ((.content // "") | ltrimstr("\n") | . == "" or startswith("<")) and
+                 ((.tool_calls // []) | all(.[]; .function.name == "get_time" or .function.name == "get_weather"))' \
+            <<<"$first" >/dev/null || fail "tool_choice $choice seed $seed: cut reply is not a forced call: $(jq -c '.choices[0].message' <<<"$first")"
+          continue ;;
         *) fail "tool_choice $choice seed $seed: $(jq -c '.choices[0]' <<<"$first")" ;;
       esac
       jq -e '.choices[0].message.tool_calls | length >= 1 and all(.[]; .type == "function" and (.id | length > 0) and
