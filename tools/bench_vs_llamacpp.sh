@@ -252,8 +252,12 @@ for line in open(res):
     vals.setdefault((eng, case, kind), []).append(float(tps))
 med = {k: statistics.median(v) for k, v in vals.items()}
 cfg = json.load(open(f"{ckpt}/config.json"))
-topk, n_exp = cfg["num_experts_per_tok"], cfg["num_experts"]
-kv_elems = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * (prefill + decode / 2)
+topk, n_exp = cfg["num_experts_per_tok"], cfg.get("num_experts", cfg.get("n_routed_experts"))  # DeepSeek's name
+# Cached values per position and layer: MLA keeps one latent and one rotary key for all
+# heads; GQA a K and a V per KV head.
+per_pos = (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] if cfg.get("kv_lora_rank")
+           else 2 * cfg["num_key_value_heads"] * cfg["head_dim"])
+kv_elems = cfg["num_hidden_layers"] * per_pos * (prefill + decode / 2)
 
 def moe_bytes(mode):
     """Bytes per decode token with moe-ep's storage of the checkpoint's tensors."""
