@@ -6,6 +6,7 @@
 // bf16 as it reads; the plain loop widens whole rows). And against softmax attention
 // computed in double precision: the chunked online softmax is the same function.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -263,81 +264,127 @@ TEST(AttentionKernels, PagedScatteredBlocksGiveTheSameBits) {
 // (a convex combination of V rows) by that times |v| (a few) plus 2^-9 |v| from V
 // itself: sd ~0.005-0.01. 5e-2 is 5-10 sd, for the max over ~150k outputs (observed
 // 0.022).
-// MLA's attention of one head in the latent space (mla_latent_attend): the same bits on
-// every ISA level the CPU has (two vectors of partial sums added in a fixed order, the
-// tail in order), for latent sizes that are and are not multiples of 32, f32 and bf16
-// caches; and the softmax attention it computes, in double precision, as close as the
-// plain f32 loop (one chain per dot product) comes.
-TEST(AttentionKernels, MlaLatentSameBitsOnEveryIsaAndNearDouble) {
-  const int64_t n_ctx = 259, max_seq = 272;
-  for (const auto& [L, R] : {std::pair<int64_t, int64_t>{512, 64}, {20, 5}, {96, 33}})
+// MLA's latent attention (mla_attend, 16 heads in the vector lanes) against its
+// definition, the plain loop mla_attend_reference: the same bits on every ISA level the
+// CPU has, on 1 or 2 threads, for a step that mixes a prompt, a decode step at 258
+// positions (5 chunks) and a short continuation, head counts under, over and at 16 lanes,
+// latent and rope sizes that are and are not multiples of the 6-wide blocks, f32 and bf16
+// caches, and the step's tokens in one call or in two chunks. And the softmax attention
+// it computes, in double precision, as close as the plain f32 loop (one chain per dot
+// product, one softmax over all keys) comes.
+TEST(AttentionKernels, MlaSameBitsAsItsDefinitionOnEveryIsaAndNearDouble) {
+  const int64_t max_seq = 272;
+  // (cached positions, new tokens) per sequence, one slot each.
+  const std::vector<std::pair<int64_t, int64_t>> seqs = {{0, 37}, {258, 1}, {70, 3}};
+  struct Dims {
+    int64_t L, R, nh;
+  };
+  for (const Dims& dm : {Dims{512, 64, 20}, Dims{20, 5, 3}, Dims{96, 33, 16}})
     for (DType dt : {DType::F32, DType::BF16}) {
-      SCOPED_TRACE("kv_lora " + std::to_string(L) + " rope " + std::to_string(R) + " " + dtype_name(dt));
+      const int64_t L = dm.L, R = dm.R, nh = dm.nh;
+      SCOPED_TRACE("kv_lora " + std::to_string(L) + " rope " + std::to_string(R) + " heads " + std::to_string(nh) +
+                   " " + dtype_name(dt));
       KvCacheShape ks;
       ks.n_layers = 1;
-      ks.n_slots = 1;
+      ks.n_slots = static_cast<int64_t>(seqs.size());
       ks.max_seq = max_seq;
       ks.a_dim = L;
       ks.b_dim = R;
-      ks.block_size = 16;
       ks.dtype = dt;
-      ks.a_tiled = false;  // as the model keeps MLA's latent rows
-      KvCache cache(ks);
-      const Tensor rows = test::random_f32({n_ctx, L + R}, 1.f, 11);
-      for (int64_t j = 0; j < n_ctx; ++j) {
-        cache.put_a(0, 0, j, rows.data<float>() + j * (L + R));
-        cache.put_b(0, 0, j, rows.data<float>() + j * (L + R) + L);
+      KvCache cache(ks);  // rows, as the model keeps MLA's latent cache
+      StepBatch b;
+      for (size_t q = 0; q < seqs.size(); ++q) {
+        const auto [cached, n] = seqs[q];
+        b.seqs.push_back({static_cast<int32_t>(q), b.n_tokens(), n, cached});
+        for (int64_t i = 0; i < n; ++i) {
+          b.tokens.push_back(0);
+          b.positions.push_back(static_cast<int32_t>(cached + i));
+        }
+        const Tensor rows = test::random_f32({cached + n, L + R}, 1.f, 11 + q);
+        for (int64_t j = 0; j < cached + n; ++j) {
+          cache.put_a(0, static_cast<int64_t>(q), j, rows.data<float>() + j * (L + R));
+          cache.put_b(0, static_cast<int64_t>(q), j, rows.data<float>() + j * (L + R) + L);
+        }
       }
-      const Tensor q = test::random_f32({L + R}, 1.f, 12);
+      const int64_t T = b.n_tokens(), pe_ld_h = R + 3;  // a stride that is not R
+      const Tensor q_lat = test::random_f32({nh, T, L}, 1.f, 21);
+      const Tensor q_pe = test::random_f32({T, nh, pe_ld_h}, 1.f, 22);
       MlaAttendArgs a;
+      a.batch = &b;
       a.cache = &cache;
-      a.n_ctx = n_ctx;
-      a.q_lat = q.data<float>();
-      a.q_pe = q.data<float>() + L;
+      a.t0 = 0;
+      a.tc = T;
+      a.n_heads = nh;
+      a.q_lat = q_lat.data<float>();
+      a.q_pe = q_pe.data<float>();
+      a.pe_ld_t = nh * pe_ld_h;
+      a.pe_ld_h = pe_ld_h;
       a.scale = 0.05f;
-      std::vector<float> sc(n_ctx), first(L), got(L);
-      bool have_first = false;
-      for (Isa isa : test::available_isas()) {
-        test::IsaScope scope(isa);
-        a.sc = sc.data();
-        a.o_lat = got.data();
-        mla_latent_attend(a);
-        if (!have_first) {
-          first = got;
-          have_first = true;
-          continue;
+      std::vector<float> want(nh * T * L), got(nh * T * L);
+      a.o_lat = want.data();
+      mla_attend_reference(a);
+      for (Isa isa : test::available_isas())
+        for (int threads : {1, 2}) {
+          test::IsaScope scope(isa);
+          const int before = omp_get_max_threads();
+          omp_set_num_threads(threads);
+          std::fill(got.begin(), got.end(), -1.f);
+          a.o_lat = got.data();
+          mla_attend(a);
+          omp_set_num_threads(before);
+          EXPECT_EQ(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)), 0)
+              << "isa " << isa_name(isa) << ", " << threads << " threads";
         }
-        EXPECT_EQ(std::memcmp(first.data(), got.data(), L * sizeof(float)), 0) << "isa " << isa_name(isa);
+      // The same tokens in two calls (t0 = 0, 30; each call's rows head-major over its tc).
+      for (const auto& [t0, tc] : {std::pair<int64_t, int64_t>{0, 30}, {30, T - 30}}) {
+        std::vector<float> ql(nh * tc * L), out(nh * tc * L);
+        for (int64_t h = 0; h < nh; ++h)
+          std::memcpy(ql.data() + h * tc * L, q_lat.data<float>() + (h * T + t0) * L, tc * L * sizeof(float));
+        MlaAttendArgs part = a;
+        part.t0 = t0;
+        part.tc = tc;
+        part.q_lat = ql.data();
+        part.o_lat = out.data();
+        mla_attend(part);
+        for (int64_t h = 0; h < nh; ++h)
+          EXPECT_EQ(std::memcmp(out.data() + h * tc * L, want.data() + (h * T + t0) * L, tc * L * sizeof(float)), 0)
+              << "tokens from " << t0 << ", head " << h;
       }
-      // The cached values (rounded to bf16 by a bf16 cache), in double and as a plain
-      // f32 loop computes them.
+      // Softmax attention of the cached values (rounded to bf16 by a bf16 cache), in double
+      // and as a plain f32 loop computes it, for the decode step's token (258 positions).
+      const int64_t t = 37;
       std::vector<float> ca(L), cb(R);
-      auto attention = [&](auto zero) {
-        using T = decltype(zero);
-        std::vector<T> s(n_ctx), o(L, T(0));
-        T mx = -1e30, sum = 0;
+      auto attention = [&](auto zero, int64_t h) {
+        using F = decltype(zero);
+        const int64_t n_ctx = b.positions[t] + 1;
+        const float* ql = q_lat.data<float>() + (h * T + t) * L;
+        const float* qp = q_pe.data<float>() + t * a.pe_ld_t + h * pe_ld_h;
+        std::vector<F> sc(n_ctx), o(L, F(0));
+        F mx = -1e30, sum = 0;
         for (int64_t j = 0; j < n_ctx; ++j) {
-          const float* c = cache.row_a(0, 0, j, ca.data());
-          const float* p = cache.row_b(0, 0, j, cb.data());
-          T acc = 0;
-          for (int64_t l = 0; l < L; ++l) acc += static_cast<T>(a.q_lat[l]) * c[l];
-          for (int64_t r = 0; r < R; ++r) acc += static_cast<T>(a.q_pe[r]) * p[r];
-          s[j] = acc * static_cast<T>(a.scale);
-          mx = std::max(mx, s[j]);
+          const float* c = cache.row_a(0, 1, j, ca.data());
+          const float* p = cache.row_b(0, 1, j, cb.data());
+          F acc = 0;
+          for (int64_t l = 0; l < L; ++l) acc += static_cast<F>(ql[l]) * c[l];
+          for (int64_t r = 0; r < R; ++r) acc += static_cast<F>(qp[r]) * p[r];
+          sc[j] = acc * static_cast<F>(a.scale);
+          mx = std::max(mx, sc[j]);
         }
-        for (int64_t j = 0; j < n_ctx; ++j) sum += s[j] = std::exp(s[j] - mx);
+        for (int64_t j = 0; j < n_ctx; ++j) sum += sc[j] = std::exp(sc[j] - mx);
         for (int64_t j = 0; j < n_ctx; ++j) {
-          const float* c = cache.row_a(0, 0, j, ca.data());
-          for (int64_t l = 0; l < L; ++l) o[l] += s[j] / sum * c[l];
+          const float* c = cache.row_a(0, 1, j, ca.data());
+          for (int64_t l = 0; l < L; ++l) o[l] += sc[j] / sum * c[l];
         }
         return o;
       };
-      const std::vector<double> want = attention(0.0);
-      const std::vector<float> plain = attention(0.f);
       double worst = 0, worst_plain = 0;
-      for (int64_t l = 0; l < L; ++l) {
-        worst = std::max(worst, std::fabs(want[l] - first[l]));
-        worst_plain = std::max(worst_plain, std::fabs(want[l] - plain[l]));
+      for (int64_t h = 0; h < nh; ++h) {
+        const std::vector<double> exact = attention(0.0, h);
+        const std::vector<float> plain = attention(0.f, h);
+        for (int64_t l = 0; l < L; ++l) {
+          worst = std::max(worst, std::fabs(exact[l] - want[(h * T + t) * L + l]));
+          worst_plain = std::max(worst_plain, std::fabs(exact[l] - plain[l]));
+        }
       }
       EXPECT_LE(worst, 1.5 * worst_plain + 1e-7) << "the plain f32 loop is off by " << worst_plain;
     }

@@ -22,13 +22,6 @@ float* AttnScratch::ensure(Tensor& t, int64_t n) {
 
 namespace {
 
-std::vector<int32_t> seq_of_tokens(const StepBatch& b) {
-  std::vector<int32_t> out(b.n_tokens());
-  for (size_t s = 0; s < b.seqs.size(); ++s)
-    for (int64_t i = 0; i < b.seqs[s].n; ++i) out[b.seqs[s].first + i] = static_cast<int32_t>(s);
-  return out;
-}
-
 void check_heads(const char* what, int64_t n, int tp) {
   MOE_CHECK(n % tp == 0,
             "attention TP size {} (--tp or --attn-tp) does not divide the model's {} {} (attention heads are split "
@@ -331,12 +324,8 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
       c.cache->put_a(c.layer, sp.slot, sp.start_pos + i, row);  // rounded to the cache dtype
       c.cache->put_b(c.layer, sp.slot, sp.start_pos + i, row + L);
     }
-  const std::vector<int32_t> seq = seq_of_tokens(b);
   const int64_t nh = n_heads_, V = v_dim_;
   float* ctx = AttnScratch::ensure(s.ctx, T * nh * V);
-  const int64_t max_seq = c.cache->max_seq();
-  const float scale = static_cast<float>(scale_);
-  const KvCache& cache = *c.cache;
   // Tokens in chunks, so the head-major buffers below stay at most kLatentChunk floats
   // each (a 4096-token prompt of DeepSeek-V3, 128 heads x 512 latent, would take 1 GiB per
   // buffer whole; its chunks are 64 tokens, rows enough for the prefill GEMM kernel).
@@ -352,27 +341,20 @@ void MlaAttention::forward(const AttnContext& c, const float* x, float* out, Att
       for (int64_t i = 0; i < tc; ++i)
         std::memcpy(hx + (h * tc + i) * nope_, q + (t0 + i) * nq + h * qk, static_cast<size_t>(nope_) * sizeof(float));
     head_linear_forward(uk_, hx, tc, q_lat, s.lin);  // W_UK^T q_nope of every head and token
-    // Small steps run on one thread: waking a team costs more than the work.
-#pragma omp parallel if (tc * nh * max_seq * L >= (int64_t{1} << 18))
-    {
-      std::vector<float> sc(max_seq);
-#pragma omp for schedule(dynamic) collapse(2)
-      for (int64_t i = 0; i < tc; ++i)
-        for (int64_t h = 0; h < nh; ++h) {
-          const int64_t t = t0 + i;
-          MlaAttendArgs ma;
-          ma.cache = &cache;
-          ma.layer = c.layer;
-          ma.slot = b.seqs[seq[t]].slot;
-          ma.n_ctx = b.positions[t] + 1;
-          ma.q_lat = q_lat + (h * tc + i) * L;
-          ma.q_pe = q + t * nq + h * qk + nope_;
-          ma.scale = scale;
-          ma.sc = sc.data();
-          ma.o_lat = o_lat + (h * tc + i) * L;
-          mla_latent_attend(ma);
-        }
-    }
+    MlaAttendArgs ma;  // scores, softmax, c_kv sum over the cache: model/attention_kernels.h
+    ma.batch = &b;
+    ma.cache = c.cache;
+    ma.layer = c.layer;
+    ma.t0 = t0;
+    ma.tc = tc;
+    ma.n_heads = nh;
+    ma.q_lat = q_lat;
+    ma.q_pe = q + nope_;
+    ma.pe_ld_t = nq;
+    ma.pe_ld_h = qk;
+    ma.scale = static_cast<float>(scale_);
+    ma.o_lat = o_lat;
+    mla_attend(ma);
     head_linear_forward(uv_, o_lat, tc, hx, s.lin);  // W_UV of every head's latent output
     for (int64_t i = 0; i < tc; ++i)
       for (int64_t h = 0; h < nh; ++h)

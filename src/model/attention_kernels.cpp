@@ -3,19 +3,20 @@
 #include <cmath>
 
 #include "core/cpu.h"
-#include "model/attention_kernels_impl.h"
+#include "model/attention_mla_impl.h"
 
 namespace moe {
 
 void gqa_attend_avx512(const GqaAttendArgs& a);  // attention_kernels_avx512.cpp
 void gqa_attend_avx2(const GqaAttendArgs& a);    // attention_kernels_avx2.cpp
-void mla_latent_attend_avx512(const MlaAttendArgs& a);
-void mla_latent_attend_avx2(const MlaAttendArgs& a);
+void mla_attend_avx512(const MlaAttendArgs& a);
+void mla_attend_avx2(const MlaAttendArgs& a);
 
-void mla_latent_attend(const MlaAttendArgs& a) {
-  if (active_isa() >= Isa::Avx512) mla_latent_attend_avx512(a);
-  else if (active_isa() == Isa::Avx2) mla_latent_attend_avx2(a);
-  else attn_impl::mla_latent_attend(a);
+void mla_attend(const MlaAttendArgs& a) {
+  if (a.tc == 0) return;
+  if (active_isa() >= Isa::Avx512) mla_attend_avx512(a);
+  else if (active_isa() == Isa::Avx2) mla_attend_avx2(a);
+  else attn_impl::mla_attend(a);
 }
 
 void gqa_attend(const GqaAttendArgs& a) {
@@ -25,18 +26,6 @@ void gqa_attend(const GqaAttendArgs& a) {
   if (active_isa() >= Isa::Avx512) gqa_attend_avx512(a);
   else if (active_isa() == Isa::Avx2) gqa_attend_avx2(a);
   else attn_impl::gqa_attend(a);
-}
-
-void softmax_inplace(float* sc, int64_t n) {
-  float mx = sc[0];
-  for (int64_t j = 1; j < n; ++j) mx = std::max(mx, sc[j]);
-  float sum = 0.f;
-  for (int64_t j = 0; j < n; ++j) {
-    sc[j] = std::exp(sc[j] - mx);
-    sum += sc[j];
-  }
-  const float inv = 1.f / sum;
-  for (int64_t j = 0; j < n; ++j) sc[j] *= inv;
 }
 
 // The definition of model/attention_math.h, one query row and head at a time.
@@ -84,6 +73,46 @@ void gqa_attend_reference(const GqaAttendArgs& a) {
         }
         float* o = a.ctx + t * ldq + h * hd;
         for (int64_t d = 0; d < hd; ++d) o[d] = R.o[d] / R.l;
+      }
+}
+
+// The definition of mla_attend (model/attention_kernels.h), one head of one token at a time.
+void mla_attend_reference(const MlaAttendArgs& a) {
+  using namespace attn_math;
+  const StepBatch& b = *a.batch;
+  const KvCache& cache = *a.cache;
+  const int64_t L = cache.a_dim(), R = cache.b_dim();
+  std::vector<float> ca(L), cb(R), sc(kChunk), ob(L), ro(L);
+  for (const SeqSpan& sp : b.seqs)
+    for (int64_t t = std::max(sp.first, a.t0); t < std::min(sp.first + sp.n, a.t0 + a.tc); ++t)
+      for (int64_t h = 0; h < a.n_heads; ++h) {
+        const int64_t i = t - a.t0, n_ctx = b.positions[t] + 1;
+        const float* ql = a.q_lat + (h * a.tc + i) * L;
+        const float* qp = a.q_pe + t * a.pe_ld_t + h * a.pe_ld_h;
+        State res;
+        res.o = ro.data();
+        for (int64_t c0 = 0; c0 < n_ctx; c0 += kChunk) {
+          const int64_t jn = std::min(c0 + kChunk, n_ctx) - c0;
+          for (int64_t j = 0; j < jn; ++j) {
+            const float* c = cache.row_a(a.layer, sp.slot, c0 + j, ca.data());
+            const float* k = cache.row_b(a.layer, sp.slot, c0 + j, cb.data());
+            float s = 0.f;
+            for (int64_t d = 0; d < L; ++d) s = fmadd(ql[d], c[d], s);
+            for (int64_t r = 0; r < R; ++r) s = fmadd(qp[r], k[r], s);
+            sc[j] = s * a.scale;
+          }
+          float m = sc[0], l = 0.f;
+          for (int64_t j = 1; j < jn; ++j) m = std::max(m, sc[j]);
+          for (int64_t j = 0; j < jn; ++j) l = l + (sc[j] = exp_neg(sc[j] - m));
+          std::fill(ob.begin(), ob.end(), 0.f);
+          for (int64_t j = 0; j < jn; ++j) {
+            const float* c = cache.row_a(a.layer, sp.slot, c0 + j, ca.data());
+            for (int64_t d = 0; d < L; ++d) ob[d] = fmadd(sc[j], c[d], ob[d]);
+          }
+          fold(res, m, l, ob.data(), L);
+        }
+        float* o = a.o_lat + (h * a.tc + i) * L;
+        for (int64_t d = 0; d < L; ++d) o[d] = res.o[d] / res.l;
       }
 }
 

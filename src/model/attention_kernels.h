@@ -42,23 +42,33 @@ void gqa_attend(const GqaAttendArgs& a);
 // The plain loop (one query and head at a time, the same chunks, spans and exp; no
 // vectors), kept as the reference the tests compare against.
 void gqa_attend_reference(const GqaAttendArgs& a);
-// MLA's attention of one query head in the latent space (model/attention.h MlaAttention):
-// scores (q_lat . c_kv_j + q_pe . k_pe_j) * scale over the slot's cached rows [0, n_ctx)
-// (c_kv in plane A, k_pe in plane B), softmax, and o_lat = sum_j p_j c_kv_j. The same
-// bits on every ISA and in any batch (fixed orders, attention_kernels_impl.h).
+// MLA's attention in the latent space (model/attention.h MlaAttention) of the step's
+// tokens [t0, t0 + tc), every head: per head and token, the scores
+//   s_j = scale * (q_lat . c_kv_j + q_pe . k_pe_j)   (one fused multiply-add chain,
+//         the kv_lora dims in order, then the rope dims)
+// over the slot's cached rows j in [0, position] (c_kv in plane A, k_pe in plane B, rows
+// not tiled), softmax, and o_lat = sum_j p_j c_kv_j. Defined in fixed pieces of the
+// positions, as the GQA attention is (model/attention_math.h): chunks of kChunk keys
+// (max chain, p_j = exp_neg(s_j - max), l = the p_j added in order, o = the p_j c_kv_j
+// multiply-added in order) folded in order into the result (attn_math::fold), then o / l.
+// So a token's result has the same bits in any batch, under any chunking of its prompt,
+// on any thread count and ISA: a KV-cached decode step equals recomputing the prefix.
+// The kernel puts 16 heads in the vector lanes (model/attention_mla_impl.h).
 struct MlaAttendArgs {
+  const StepBatch* batch = nullptr;
   const KvCache* cache = nullptr;
-  int64_t layer = 0, slot = 0, n_ctx = 0;
-  const float* q_lat = nullptr;  // [kv_lora]
-  const float* q_pe = nullptr;   // [rope dims]
+  int64_t layer = 0;
+  int64_t t0 = 0, tc = 0;  // the step's tokens attended
+  int64_t n_heads = 0;
+  const float* q_lat = nullptr;  // [n_heads, tc, kv_lora]: head h of token t0 + i at row h * tc + i
+  // Token t's head h's rotary query, [rope dims], at q_pe + t * pe_ld_t + h * pe_ld_h.
+  const float* q_pe = nullptr;
+  int64_t pe_ld_t = 0, pe_ld_h = 0;
   float scale = 1.f;
-  float* sc = nullptr;     // scratch [n_ctx]: scores, then probabilities
-  float* o_lat = nullptr;  // out [kv_lora]
+  float* o_lat = nullptr;  // out [n_heads, tc, kv_lora], as q_lat
 };
-void mla_latent_attend(const MlaAttendArgs& a);
-
-// Softmax of sc[0..n) in place: f32, max-subtracted, sequential sum (as torch.softmax),
-// for MLA's attention (model/attention.cpp).
-void softmax_inplace(float* sc, int64_t n);
+void mla_attend(const MlaAttendArgs& a);
+// The definition above, one head of one token at a time, scalar: the tests' reference.
+void mla_attend_reference(const MlaAttendArgs& a);
 
 }  // namespace moe

@@ -643,54 +643,5 @@ inline void gqa_attend(const GqaAttendArgs& a) {
   }
 }
 
-// ---- MLA (model/attention.h MlaAttention): one query head in the latent space -------------
-
-// q . c over n values, c widened from the cache's element type (load_kv): two vectors of
-// 16 partial sums (lane w of the first takes products i + w, of the second i + 16 + w, i
-// in steps of 32), added together and then across lanes by lane_sum's fixed pairs; the
-// tail past the last 32 added in order. One float chain waited 4 cycles per product (a
-// decode step of a DeepSeek-V3-attention GGUF spent a third of its time there). Every
-// multiply and add separate (-ffp-contract=off) and the same on every ISA, so a token's
-// score has the same bits in any batch and on any ISA.
-template <class E>
-inline float latent_dot(const float* q, const E* c, int64_t n) {
-  v16 a0 = v16{}, a1 = v16{};
-  int64_t i = 0;
-  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
-    a0 = a0 + load(q + i) * load_kv(c + i);
-    a1 = a1 + load(q + i + kLanes) * load_kv(c + i + kLanes);
-  }
-  float sum = lane_sum(a0 + a1);
-  for (; i < n; ++i) sum += q[i] * kv_widen(c[i]);
-  return sum;
-}
-
-// Scores (q_lat . c_kv_j + q_pe . k_pe_j) * scale over the cached rows [0, n_ctx),
-// softmax, and o_lat = sum_j p_j c_kv_j in position order.
-template <class E>
-inline void mla_attend(const MlaAttendArgs& a) {
-  const KvCache& cache = *a.cache;
-  const int64_t L = cache.a_dim(), R = cache.b_dim();
-  for (int64_t j = 0; j < a.n_ctx; ++j) {
-    const float s_lat = latent_dot(a.q_lat, cache.a_row<E>(a.layer, a.slot, j), L);
-    const float s_pe = latent_dot(a.q_pe, cache.b_row<E>(a.layer, a.slot, j), R);
-    a.sc[j] = (s_lat + s_pe) * a.scale;
-  }
-  softmax_inplace(a.sc, a.n_ctx);
-  std::fill(a.o_lat, a.o_lat + L, 0.f);
-  for (int64_t j = 0; j < a.n_ctx; ++j) {
-    const E* cj = cache.a_row<E>(a.layer, a.slot, j);
-    const float p = a.sc[j];
-    for (int64_t l = 0; l < L; ++l) a.o_lat[l] += p * kv_widen(cj[l]);
-  }
-}
-
-inline void mla_latent_attend(const MlaAttendArgs& a) {
-  if (a.cache->dtype() == DType::BF16)
-    mla_attend<uint16_t>(a);
-  else
-    mla_attend<float>(a);
-}
-
 }  // namespace
 }  // namespace moe::attn_impl
