@@ -183,6 +183,48 @@ TEST(GgufCheckpoint, DeepseekMlaFromSplitKvB) {
   EXPECT_EQ(std::memcmp(la.data<float>(), lb.data<float>(), static_cast<size_t>(la.numel()) * 4), 0);
 }
 
+// The absorbed kv_b halves (MlaAttention uk / uv) take the projections' format: the
+// compute dtype, W8A8 under --quantize-linears w8a8 and w4a8 (before, int8 linears had an
+// f32 copy beside them: 4 bytes a weight, read every decode step), and a GGUF's codes
+// wherever its coded linears keep theirs (not under w8a8, which requantises them all).
+TEST(GgufCheckpoint, MlaKvBHalvesTakeTheProjectionsFormat) {
+  std::string hf;
+  for (const auto& f : test::model_fixtures())
+    if (f.name == "deepseek_v3") hf = f.dir;
+  ASSERT_FALSE(hf.empty());
+  const std::string gguf = kModels + "deepseek-quant.gguf";
+  enum Lin { none, w8a8, w4a8 };
+  struct Case {
+    std::string path;
+    DType dtype;
+    Lin lin;
+    DType want;
+    bool codes;
+  };
+  for (const Case& c : {Case{hf, DType::F32, none, DType::F32, false}, Case{hf, DType::BF16, none, DType::BF16, false},
+                        Case{hf, DType::F32, w8a8, DType::I8, false}, Case{hf, DType::BF16, w4a8, DType::I8, false},
+                        Case{gguf, DType::F32, none, DType::I8, true}, Case{gguf, DType::F32, w8a8, DType::I8, false},
+                        Case{gguf, DType::F32, w4a8, DType::I8, true}}) {
+    SCOPED_TRACE(c.path + " " + dtype_name(c.dtype) + " linears " + std::to_string(c.lin));
+    ModelOptions o;
+    o.dtype = c.dtype;
+    o.n_slots = 1;
+    o.max_seq = 16;
+    o.quantize_linears = c.lin == w8a8;
+    o.quantize_linears_w4a8 = c.lin == w4a8;
+    if (c.lin == w4a8) o.int4_group = 32;
+    const auto m = Model::load(c.path, o);
+    for (int64_t l = 0; l < m->config().n_layers; ++l) {
+      const MlaAttention* a = m->layer(l).mla.get();
+      ASSERT_NE(a, nullptr);
+      for (const Linear* h : {&a->uk(), &a->uv()}) {
+        EXPECT_EQ(h->w.dtype, c.want) << "layer " << l;
+        EXPECT_EQ(h->w.int4_group > 0, c.codes) << "layer " << l;
+      }
+    }
+  }
+}
+
 // A DeepSeek GGUF whose attn_k_b / attn_v_b are quantised (layer 0 Q8_0 / Q4_0, layer 1
 // Q5_0 / Q4_1; every other tensor F32) runs them in their codes: each head's matrices, on
 // one rank and on each of two TP ranks, unpack to gguf-py's dequantised values (the twin

@@ -260,9 +260,12 @@ MlaAttention::MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const A
   }
   kv_a_ = load_linear(ck, *rd.kv_a, lin);
   kv_a_norm_ = load_f32(ck, *rd.kv_a_norm);
-  // kv_b: f32 or bf16 as the other weights (f32, unrounded, beside int8 linears); a GGUF's
-  // quantised halves in their codes under keep_int4 (else dequantised: f32 holds them).
-  LinearOptions kvb(lin.compute == DType::BF16 ? DType::BF16 : DType::F32);
+  // kv_b in the other projections' format: f32, bf16, or W8A8 under --quantize-linears
+  // (w4a8 too: a head's [512, 128] matrices are not requantised to int4 groups, and int8
+  // per output channel keeps every head's bytes at a quarter of f32's, which DeepSeek-V3
+  // reads in full every decode step: 61 x 16.8 M weights); a GGUF's quantised halves in
+  // their codes under keep_int4.
+  LinearOptions kvb(lin.int4_group > 0 ? DType::I8 : lin.compute);
   kvb.keep_int4 = lin.keep_int4;
   kvb.cache = lin.cache;
   if (rd.k_b) {  // a GGUF's attn_k_b / attn_v_b: each head's matrices as stored

@@ -120,11 +120,14 @@ class GqaAttention {
 class MlaAttention {
  public:
   // lin as for GqaAttention, for q_a / q_b (or q), kv_a and o. kv_b (absorbed into the
-  // attention) is held in lin.compute when that is f32 or bf16, else (int8 linears) in
-  // f32; a GGUF's quantised halves stay in their codes under lin.keep_int4.
+  // attention) is held in lin.compute (f32, bf16, or I8: W8A8, also under w4a8 linears);
+  // a GGUF's quantised halves stay in their codes under lin.keep_int4.
   MlaAttention(const Checkpoint& ck, const ModelConfig& cfg, const AttentionKeys& keys, const LinearOptions& lin,
                int tp_rank, int tp_size);
   void forward(const AttnContext& ctx, const float* x, float* out, AttnScratch& s) const;
+  // The absorbed halves of kv_b (for inspection: their format follows the projections').
+  const Linear& uk() const { return uk_; }
+  const Linear& uv() const { return uv_; }
   int64_t cache_a_dim() const { return kv_lora_; }
   int64_t cache_b_dim() const { return rope_dim_; }
 

@@ -64,6 +64,7 @@ struct v16 {
 inline v16 operator+(v16 a, v16 b) { return {a.lo + b.lo, a.hi + b.hi}; }
 inline v16 operator-(v16 a, v16 b) { return {a.lo - b.lo, a.hi - b.hi}; }
 inline v16 operator*(v16 a, v16 b) { return {a.lo * b.lo, a.hi * b.hi}; }
+inline v16 operator/(v16 a, v16 b) { return {a.lo / b.lo, a.hi / b.hi}; }
 inline v16 operator+(v16 a, float b) { return {a.lo + b, a.hi + b}; }
 inline v16 operator-(v16 a, float b) { return {a.lo - b, a.hi - b}; }
 inline v16 operator*(v16 a, float b) { return {a.lo * b, a.hi * b}; }

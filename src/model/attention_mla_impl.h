@@ -53,14 +53,27 @@ inline void mla_scores(const float* qt, const float* cf, int64_t D, float scale,
   for (int j = 0; j < J; ++j) store(s + j * kLanes, acc[j] * scale);
 }
 
-// o[k] = chain over j < jn of p[j] * cf[j][d0 + k], J dims (the chunk's V sums).
+// The chunk's V sums of J dims d0.. (chain over j < jn of p[j] * cf[j][d], accumulated in
+// registers), folded into the result state ro[d]: taken as they are for the first chunk,
+// else ro * fa + o * fb (attn_math::fold). (Returning the sums through an array made GCC
+// keep the accumulators on the stack: every multiply-add a store, 50 % slower.)
+struct MlaFold {
+  bool first;
+  v16 fa, fb;
+};
 template <int J>
-inline void mla_vsum(const float* p, int64_t jn, const float* cf, int64_t D, int64_t d0, v16* o) {
+inline void mla_vsum(const float* p, int64_t jn, const float* cf, int64_t D, int64_t d0, const MlaFold& f,
+                     float* ro) {
+  v16 o[J];
   for (int k = 0; k < J; ++k) o[k] = v16{};
   for (int64_t j = 0; j < jn; ++j) {
     const v16 pj = load(p + j * kLanes);
     const float* c = cf + j * D + d0;
     for (int k = 0; k < J; ++k) o[k] = attn_math::fmadd(c[k], pj, o[k]);
+  }
+  for (int k = 0; k < J; ++k) {
+    float* r = ro + (d0 + k) * kLanes;
+    store(r, f.first ? o[k] : load(r) * f.fa + o[k] * f.fb);
   }
 }
 
@@ -73,10 +86,11 @@ inline void mla_scores_n(int n, const float* qt, const float* cf, int64_t D, flo
   }
 }
 template <int J = kMlaBlock>
-inline void mla_vsum_n(int n, const float* p, int64_t jn, const float* cf, int64_t D, int64_t d0, v16* o) {
+inline void mla_vsum_n(int n, const float* p, int64_t jn, const float* cf, int64_t D, int64_t d0, const MlaFold& f,
+                       float* ro) {
   if constexpr (J > 0) {
-    if (n == J) return mla_vsum<J>(p, jn, cf, D, d0, o);
-    mla_vsum_n<J - 1>(n, p, jn, cf, D, d0, o);
+    if (n == J) return mla_vsum<J>(p, jn, cf, D, d0, f, ro);
+    mla_vsum_n<J - 1>(n, p, jn, cf, D, d0, f, ro);
   }
 }
 
@@ -123,33 +137,26 @@ inline void mla_item(const MlaAttendArgs& a, int64_t slot, int64_t i, int64_t h0
       l = l + e;
     }
     // fold (attn_math::fold) of (m, l, o) into the result, lane by lane.
-    const bool first = c0 == 0;
-    v16 fa = v16{}, fb = v16{};
-    if (first) {
+    MlaFold f{c0 == 0, v16{}, v16{}};
+    if (f.first) {
       rm = m;
       rl = l;
     } else {
       const v16 mn = sel(m > rm, m, rm);
-      fa = exp_neg(rm - mn);
-      fb = exp_neg(m - mn);
-      rl = rl * fa + l * fb;
+      f.fa = exp_neg(rm - mn);
+      f.fb = exp_neg(m - mn);
+      rl = rl * f.fa + l * f.fb;
       rm = mn;
     }
-    v16 o[kMlaBlock];
-    for (int64_t d0 = 0; d0 < L; d0 += kMlaBlock) {
-      const int n = static_cast<int>(std::min<int64_t>(kMlaBlock, L - d0));
-      mla_vsum_n(n, p, jn, s.cf.data(), D, d0, o);
-      for (int k = 0; k < n; ++k) {
-        float* r = s.ro.data() + (d0 + k) * kLanes;
-        store(r, first ? o[k] : load(r) * fa + o[k] * fb);
-      }
-    }
+    for (int64_t d0 = 0; d0 < L; d0 += kMlaBlock)
+      mla_vsum_n(static_cast<int>(std::min<int64_t>(kMlaBlock, L - d0)), p, jn, s.cf.data(), D, d0, f, s.ro.data());
   }
-  float inv[kLanes];
-  store(inv, rl);
+  // o / l (a vector division: one scalar vdivss per head and dim took 8 % of the kernel).
+  float* ro = s.ro.data();
+  for (int64_t d = 0; d < L; ++d) store(ro + d * kLanes, load(ro + d * kLanes) / rl);
   for (int64_t g = 0; g < nh; ++g) {
     float* out = a.o_lat + ((h0 + g) * a.tc + i) * L;
-    for (int64_t d = 0; d < L; ++d) out[d] = s.ro[d * kLanes + g] / inv[g];
+    for (int64_t d = 0; d < L; ++d) out[d] = ro[d * kLanes + g];
   }
 }
 

@@ -143,6 +143,8 @@ class Model {
   Tensor forward(const StepBatch& b);
 
   KvCache& cache() { return cache_; }
+  // Decoder layer i's weights (for inspection).
+  const DecoderLayer& layer(int64_t i) const { return layers_.at(static_cast<size_t>(i)); }
   // Tokens routed to each expert so far, [n_layers][E] (empty rows for dense layers),
   // counted on this rank's tokens (ModelOptions::count_experts).
   const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
