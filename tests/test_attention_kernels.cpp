@@ -267,9 +267,10 @@ TEST(AttentionKernels, PagedScatteredBlocksGiveTheSameBits) {
 // MLA's latent attention (mla_attend, 16 heads in the vector lanes) against its
 // definition, the plain loop mla_attend_reference: the same bits on every ISA level the
 // CPU has, on 1 or 2 threads, for a step that mixes a prompt, a decode step at 258
-// positions (5 chunks) and a short continuation, head counts under, over and at 16 lanes,
-// latent and rope sizes that are and are not multiples of the 6-wide blocks, f32 and bf16
-// caches, and the step's tokens in one call or in two chunks. And the softmax attention
+// positions (5 chunks, 2 spans) and a short continuation, head counts under, over and at
+// 16 lanes, latent and rope sizes that are and are not multiples of the 6-wide blocks, f32
+// and bf16 caches, each token's whole context in one item or one item per span (merged),
+// and the step's tokens in one call or in two chunks. And the softmax attention
 // it computes, in double precision, as close as the plain f32 loop (one chain per dot
 // product, one softmax over all keys) comes.
 TEST(AttentionKernels, MlaSameBitsAsItsDefinitionOnEveryIsaAndNearDouble) {
@@ -323,18 +324,39 @@ TEST(AttentionKernels, MlaSameBitsAsItsDefinitionOnEveryIsaAndNearDouble) {
       std::vector<float> want(nh * T * L), got(nh * T * L);
       a.o_lat = want.data();
       mla_attend_reference(a);
+      const int before = omp_get_max_threads();
       for (Isa isa : test::available_isas())
-        for (int threads : {1, 2}) {
-          test::IsaScope scope(isa);
-          const int before = omp_get_max_threads();
-          omp_set_num_threads(threads);
-          std::fill(got.begin(), got.end(), -1.f);
-          a.o_lat = got.data();
-          mla_attend(a);
-          omp_set_num_threads(before);
-          EXPECT_EQ(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)), 0)
-              << "isa " << isa_name(isa) << ", " << threads << " threads";
-        }
+        for (int threads : {1, 2})
+          for (GqaSchedule sched : {GqaSchedule::automatic, GqaSchedule::whole_context, GqaSchedule::split_spans}) {
+            test::IsaScope scope(isa);
+            omp_set_num_threads(threads);
+            std::fill(got.begin(), got.end(), -1.f);
+            a.o_lat = got.data();
+            a.schedule = sched;
+            mla_attend(a);
+            omp_set_num_threads(before);
+            EXPECT_EQ(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)), 0)
+                << "isa " << isa_name(isa) << ", " << threads << " threads, schedule " << static_cast<int>(sched);
+          }
+      a.schedule = GqaSchedule::automatic;
+      // The decode token alone (258 positions: 2 spans) on a team of 16: under 2 items a
+      // thread, so the automatic schedule splits it by span and merges.
+      {
+        std::vector<float> ql(nh * L), out(nh * L, -1.f);
+        for (int64_t h = 0; h < nh; ++h)
+          std::memcpy(ql.data() + h * L, q_lat.data<float>() + (h * T + 37) * L, L * sizeof(float));
+        MlaAttendArgs one = a;
+        one.t0 = 37;
+        one.tc = 1;
+        one.q_lat = ql.data();
+        one.o_lat = out.data();
+        omp_set_num_threads(16);
+        mla_attend(one);
+        omp_set_num_threads(before);
+        for (int64_t h = 0; h < nh; ++h)
+          EXPECT_EQ(std::memcmp(out.data() + h * L, want.data() + (h * T + 37) * L, L * sizeof(float)), 0)
+              << "the decode token alone, head " << h;
+      }
       // The same tokens in two calls (t0 = 0, 30; each call's rows head-major over its tc).
       for (const auto& [t0, tc] : {std::pair<int64_t, int64_t>{0, 30}, {30, T - 30}}) {
         std::vector<float> ql(nh * tc * L), out(nh * tc * L);

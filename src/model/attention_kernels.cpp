@@ -82,16 +82,18 @@ void mla_attend_reference(const MlaAttendArgs& a) {
   const StepBatch& b = *a.batch;
   const KvCache& cache = *a.cache;
   const int64_t L = cache.a_dim(), R = cache.b_dim();
-  std::vector<float> ca(L), cb(R), sc(kChunk), ob(L), ro(L);
+  std::vector<float> ca(L), cb(R), sc(kChunk), ob(L), so(L), ro(L);
   for (const SeqSpan& sp : b.seqs)
     for (int64_t t = std::max(sp.first, a.t0); t < std::min(sp.first + sp.n, a.t0 + a.tc); ++t)
       for (int64_t h = 0; h < a.n_heads; ++h) {
         const int64_t i = t - a.t0, n_ctx = b.positions[t] + 1;
         const float* ql = a.q_lat + (h * a.tc + i) * L;
         const float* qp = a.q_pe + t * a.pe_ld_t + h * a.pe_ld_h;
-        State res;
+        State res, span;
         res.o = ro.data();
+        span.o = so.data();
         for (int64_t c0 = 0; c0 < n_ctx; c0 += kChunk) {
+          if (c0 % kSpan == 0) span.empty = true;
           const int64_t jn = std::min(c0 + kChunk, n_ctx) - c0;
           for (int64_t j = 0; j < jn; ++j) {
             const float* c = cache.row_a(a.layer, sp.slot, c0 + j, ca.data());
@@ -109,7 +111,9 @@ void mla_attend_reference(const MlaAttendArgs& a) {
             const float* c = cache.row_a(a.layer, sp.slot, c0 + j, ca.data());
             for (int64_t d = 0; d < L; ++d) ob[d] = fmadd(sc[j], c[d], ob[d]);
           }
-          fold(res, m, l, ob.data(), L);
+          fold(span, m, l, ob.data(), L);
+          const int64_t span_end = std::min((c0 / kSpan + 1) * kSpan, n_ctx);
+          if (c0 + kChunk >= span_end) fold(res, span.m, span.l, span.o, L);  // the span's last chunk
         }
         float* o = a.o_lat + (h * a.tc + i) * L;
         for (int64_t d = 0; d < L; ++d) o[d] = res.o[d] / res.l;

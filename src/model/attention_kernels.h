@@ -50,10 +50,11 @@ void gqa_attend_reference(const GqaAttendArgs& a);
 // not tiled), softmax, and o_lat = sum_j p_j c_kv_j. Defined in fixed pieces of the
 // positions, as the GQA attention is (model/attention_math.h): chunks of kChunk keys
 // (max chain, p_j = exp_neg(s_j - max), l = the p_j added in order, o = the p_j c_kv_j
-// multiply-added in order) folded in order into the result (attn_math::fold), then o / l.
-// So a token's result has the same bits in any batch, under any chunking of its prompt,
-// on any thread count and ISA: a KV-cached decode step equals recomputing the prefix.
-// The kernel puts 16 heads in the vector lanes (model/attention_mla_impl.h).
+// multiply-added in order) folded in order into their span of kSpan keys, spans folded in
+// order into the result (attn_math::fold), then o / l. So a token's result has the same
+// bits in any batch, under any chunking of its prompt, on any thread count and ISA, split
+// by span or not: a KV-cached decode step equals recomputing the prefix. The kernel puts
+// 16 heads in the vector lanes (model/attention_mla_impl.h).
 struct MlaAttendArgs {
   const StepBatch* batch = nullptr;
   const KvCache* cache = nullptr;
@@ -66,6 +67,9 @@ struct MlaAttendArgs {
   int64_t pe_ld_t = 0, pe_ld_h = 0;
   float scale = 1.f;
   float* o_lat = nullptr;  // out [n_heads, tc, kv_lora], as q_lat
+  // How the work is cut (never the result): automatic splits each token's context by span
+  // when the call has under 2 items (a token and 16 heads) a thread; tests force either.
+  GqaSchedule schedule = GqaSchedule::automatic;
 };
 void mla_attend(const MlaAttendArgs& a);
 // The definition above, one head of one token at a time, scalar: the tests' reference.
