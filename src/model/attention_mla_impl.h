@@ -209,7 +209,8 @@ inline void mla_item(const MlaAttendArgs& a, int64_t slot, const MlaItem& it, Ml
 inline void mla_attend(const MlaAttendArgs& a) {
   const StepBatch& b = *a.batch;
   const int64_t L = a.cache->a_dim(), hb = (a.n_heads + kLanes - 1) / kLanes;
-  std::vector<int64_t> slot(a.tc);
+  thread_local std::vector<int64_t> slot;
+  slot.assign(a.tc, 0);
   int64_t work = 0;
   for (const SeqSpan& sp : b.seqs)
     for (int64_t t = std::max(sp.first, a.t0); t < std::min(sp.first + sp.n, a.t0 + a.tc); ++t) {
@@ -224,7 +225,13 @@ inline void mla_attend(const MlaAttendArgs& a) {
   const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
   const bool split = a.schedule == GqaSchedule::split_spans ||
                      (a.schedule == GqaSchedule::automatic && a.tc * hb < 2 * team);
-  std::vector<MlaItem> items, merges;  // merges: one per split (token, heads), part = its first span's
+  // Reused: no allocation (and no first touch of fresh pages) per layer and step. Inside
+  // the parallel region these names would be each thread's own copies, so it uses the
+  // pointers taken below.
+  thread_local std::vector<MlaItem> items, merges;  // merges: one per split (token, heads), part = its first span's
+  thread_local std::vector<float> parts;            // split items' states: [item][mla_part_len]
+  items.clear();
+  merges.clear();
   int64_t n_parts = 0;
   for (int64_t i = 0; i < a.tc; ++i) {
     const int32_t n_spans = static_cast<int32_t>((b.positions[a.t0 + i] + kSpan) / kSpan);
@@ -239,29 +246,33 @@ inline void mla_attend(const MlaAttendArgs& a) {
   }
   const int64_t part_len = mla_part_len(L), n = static_cast<int64_t>(items.size());
   const int64_t nm = static_cast<int64_t>(merges.size());
-  std::vector<float> parts(n_parts * part_len);
+  if (static_cast<int64_t>(parts.size()) < n_parts * part_len) parts.resize(n_parts * part_len);
+  const MlaItem* list = items.data();
+  const MlaItem* mlist = merges.data();
+  float* part_base = parts.data();
+  const int64_t* slots = slot.data();
   const bool bf16 = a.cache->dtype() == DType::BF16;
   // Small steps on one thread: waking a team costs more than ~2^18 multiply-adds.
 #pragma omp parallel if (n > 1 && work >= (int64_t{1} << 18))
   {
-    MlaScratch s;
+    static thread_local MlaScratch s;
 #pragma omp for schedule(dynamic)
     for (int64_t k = 0; k < n; ++k) {
-      const MlaItem& it = items[k];
-      float* part = it.part >= 0 ? parts.data() + it.part * part_len : nullptr;
+      const MlaItem& it = list[k];
+      float* part = it.part >= 0 ? part_base + it.part * part_len : nullptr;
       if (bf16)
-        mla_item<uint16_t>(a, slot[it.i], it, s, part);
+        mla_item<uint16_t>(a, slots[it.i], it, s, part);
       else
-        mla_item<float>(a, slot[it.i], it, s, part);
+        mla_item<float>(a, slots[it.i], it, s, part);
     }
     // (the loop's barrier: every span's state is written before the merges read them)
 #pragma omp for schedule(dynamic)
     for (int64_t k = 0; k < nm; ++k) {
-      const MlaItem& m = merges[k];
+      const MlaItem& m = mlist[k];
       s.ro.resize(L * kLanes);
       v16 rm = v16{}, rl = v16{};
       for (int32_t span = 0; span < m.span1; ++span) {
-        const float* pr = parts.data() + (m.part + span) * part_len;
+        const float* pr = part_base + (m.part + span) * part_len;
         mla_fold(span == 0, rm, rl, s.ro.data(), load(pr), load(pr + kLanes), pr + 2 * kLanes, L);
       }
       mla_write(a, m.i, m.h0, s.ro.data(), rl, L);
