@@ -57,8 +57,8 @@ inline void mla_scores(const float* qt, const float* cf, int64_t D, float scale,
 }
 
 // The chunk's V sums of J dims d0.. (chain over j < jn of p[j] * cf[j][d], accumulated in
-// registers), folded into the result state ro[d]: taken as they are for the first chunk,
-// else ro * fa + o * fb (attn_math::fold). (Returning the sums through an array made GCC
+// registers), folded into the span's state so[d]: taken as they are for the span's first
+// chunk, else so * fa + o * fb (attn_math::fold). (Returning the sums through an array made GCC
 // keep the accumulators on the stack: every multiply-add a store, 50 % slower.)
 struct MlaFold {
   bool first;
@@ -66,7 +66,7 @@ struct MlaFold {
 };
 template <int J>
 inline void mla_vsum(const float* p, int64_t jn, const float* cf, int64_t D, int64_t d0, const MlaFold& f,
-                     float* ro) {
+                     float* so) {
   v16 o[J];
   for (int k = 0; k < J; ++k) o[k] = v16{};
   for (int64_t j = 0; j < jn; ++j) {
@@ -75,7 +75,7 @@ inline void mla_vsum(const float* p, int64_t jn, const float* cf, int64_t D, int
     for (int k = 0; k < J; ++k) o[k] = attn_math::fmadd(c[k], pj, o[k]);
   }
   for (int k = 0; k < J; ++k) {
-    float* r = ro + (d0 + k) * kLanes;
+    float* r = so + (d0 + k) * kLanes;
     store(r, f.first ? o[k] : load(r) * f.fa + o[k] * f.fb);
   }
 }
@@ -90,10 +90,10 @@ inline void mla_scores_n(int n, const float* qt, const float* cf, int64_t D, flo
 }
 template <int J = kMlaBlock>
 inline void mla_vsum_n(int n, const float* p, int64_t jn, const float* cf, int64_t D, int64_t d0, const MlaFold& f,
-                       float* ro) {
+                       float* so) {
   if constexpr (J > 0) {
-    if (n == J) return mla_vsum<J>(p, jn, cf, D, d0, f, ro);
-    mla_vsum_n<J - 1>(n, p, jn, cf, D, d0, f, ro);
+    if (n == J) return mla_vsum<J>(p, jn, cf, D, d0, f, so);
+    mla_vsum_n<J - 1>(n, p, jn, cf, D, d0, f, so);
   }
 }
 
