@@ -5,12 +5,14 @@
 #   tools/bench_scaling.sh LLAMA_BUILD_DIR GGUF_DIR CKPT_DIR
 #
 # The arguments are tools/bench_vs_llamacpp.sh's (its environment too: PEER, LLAMA_ARGS,
-# LINEARS, PREFILL, DECODE, R, MOE_EP). For each count in THREADS_LIST (default "1 2 4 8 16";
-# counts above this machine's CPUs are skipped) it runs that script on GGUF_TYPE (default
-# Q4_0) with THREADS set, then one `moe-ep generate --threads N --warmup --profile` on the
-# same file and prompt, and prints two tables: tokens/s, ratios, the bandwidth probe and
-# floor fractions per count; and milliseconds per decode step of each stage
-# (core/stage_profile.h) per count, so a stage that stops getting faster shows.
+# LINEARS, PREFILL, DECODE, R, MOE_EP; with PEER2_BUILD set the second peer runs in the same
+# rounds, its table stays in OUT/side-N.txt, and the scaling table is against the first).
+# For each count in THREADS_LIST (default "1 2 4 8 16"; counts above this machine's CPUs
+# are skipped) it runs that script on GGUF_TYPE (default Q4_0) with THREADS set, then one
+# `moe-ep generate --threads N --warmup --profile` on the same file and prompt, and prints
+# two tables: tokens/s, ratios, the bandwidth probe and floor fractions per count; and
+# milliseconds per decode step of each stage (core/stage_profile.h) per count, so a stage
+# that stops getting faster shows.
 # On a machine that cannot hold the GGUFs, tools/gguf_refill.py rebuilds them from their
 # headers (docs/PERF.md, ninth session). Raw output: OUT (default a new /tmp dir).
 set -euo pipefail

@@ -8,6 +8,9 @@
 #   PEER names it in the report (default llama.cpp; ik_llama.cpp for ik's build), and
 #   LLAMA_ARGS adds flags to every llama-bench run (ik: "-fa 1 -fmoe 1", its flash
 #   attention and fused MoE; "-rtr 1" for its run-time repacking).
+#   A second peer in the same rounds: PEER2_BUILD (its build dir), PEER2 (its name, default
+#   ik_llama.cpp) and PEER2_ARGS (its flags). Its runs interleave with the others', so the
+#   three engines see the same drift of the machine; the report has one table per peer.
 # GGUF_DIR: the GGUFs of CKPT_DIR, found by their ftype suffix: *-BF16.gguf, *-Q8_0.gguf,
 #   *-Q4_0.gguf, *-Q4_K_M.gguf (convert_hf_to_gguf.py --outtype bf16, then llama-quantize).
 # CKPT_DIR: the Hugging Face checkpoint both were made from (tools/gen_big_checkpoint.cpp).
@@ -75,10 +78,16 @@ R=${R:-5} THREADS=${THREADS:-2} PREFILL=${PREFILL:-512} DECODE=${DECODE:-64} FLO
 MOE_EP=${MOE_EP:-$REPO/build/moe-ep}
 OUT=${OUT:-$(mktemp -d /tmp/bench_vs_llamacpp.XXXXXX)}
 mkdir -p "$OUT"
-LB=$LLAMA_BUILD/bin/llama-bench
-
 die() { echo "bench_vs_llamacpp: $*" >&2; exit 1; }
-[ -x "$LB" ] || die "no llama-bench at $LB (LLAMA_BUILD_DIR must be a llama.cpp build dir)"
+# The peers, by index: a name, a llama-bench binary and its extra flags.
+PEER_NAME=("${PEER:-llama.cpp}") PEER_LB=("$LLAMA_BUILD/bin/llama-bench") PEER_ARGS=("${LLAMA_ARGS:-}")
+if [ -n "${PEER2_BUILD:-}" ]; then
+  PEER_NAME+=("${PEER2:-ik_llama.cpp}") PEER_LB+=("$PEER2_BUILD/bin/llama-bench") PEER_ARGS+=("${PEER2_ARGS:-}")
+  [ "${PEER_NAME[0]}" != "${PEER_NAME[1]}" ] || die "PEER and PEER2 are both '${PEER_NAME[0]}': name them apart"
+fi
+for i in "${!PEER_LB[@]}"; do
+  [ -x "${PEER_LB[$i]}" ] || die "no llama-bench at ${PEER_LB[$i]} (${PEER_NAME[$i]}'s build dir must hold bin/llama-bench)"
+done
 [ -x "$MOE_EP" ] || die "no moe-ep binary at $MOE_EP (set MOE_EP)"
 [ -f "$CKPT/config.json" ] || die "no config.json in CKPT_DIR $CKPT"
 [ -d "$GGUF_DIR" ] || die "GGUF_DIR $GGUF_DIR is not a directory"
@@ -97,7 +106,7 @@ gguf_of() {  # ftype -> the one GGUF of that type in GGUF_DIR, or nothing
 # and under pipefail the test fails.)
 moe_has() { local h; h=$("$MOE_EP" generate --help 2>&1); [[ "$h" == *"$1"* ]]; }
 
-# Jobs: "moe MODE" or "llama FTYPE"; pairs: moe mode -> llama ftypes.
+# Jobs: "moe MODE" or "llama PEER_INDEX FTYPE"; pairs: moe mode -> llama ftypes.
 declare -A PAIR=([bf16]="BF16" [w8a8]="Q8_0" [w4a8]="Q4_0 Q4_K_M")
 MODES=(${MODES:-bf16 w8a8 w4a8})  # MODES="bf16 w4a8": a subset
 JOBS=() SKIPPED=()
@@ -106,15 +115,16 @@ for m in "${MODES[@]}"; do
     for t in ${GGUF_TYPES:-BF16 Q4_0}; do
       if [ -z "$(gguf_of "$t")" ]; then SKIPPED+=("moe-ep gguf:$t: no *-$t.gguf in $GGUF_DIR"); continue; fi
       JOBS+=("moe gguf:$t")
-      [[ " ${JOBS[*]} " == *" llama $t "* ]] || JOBS+=("llama $t")
+      for i in "${!PEER_LB[@]}"; do [[ " ${JOBS[*]} " == *" llama $i $t "* ]] || JOBS+=("llama $i $t"); done
     done
     continue
   fi
   if [ "$m" = w4a8 ] && ! moe_has w4a8; then SKIPPED+=("moe-ep $m: this build has no --quantize $m")
   else JOBS+=("moe $m"); fi
   for t in ${PAIR[$m]}; do
-    if [[ " ${JOBS[*]} " == *" llama $t "* ]]; then continue
-    elif [ -n "$(gguf_of "$t")" ]; then JOBS+=("llama $t"); else SKIPPED+=("llama.cpp $t: no *-$t.gguf in $GGUF_DIR"); fi
+    if [[ " ${JOBS[*]} " == *" llama 0 $t "* ]]; then continue
+    elif [ -n "$(gguf_of "$t")" ]; then for i in "${!PEER_LB[@]}"; do JOBS+=("llama $i $t"); done
+    else SKIPPED+=("the peers' $t: no *-$t.gguf in $GGUF_DIR"); fi
   done
 done
 
@@ -146,20 +156,23 @@ moe_cmd() {  # MODE -> CMD, the moe-ep command line (the prompt ids in $IDS_FILE
 }
 # Decode after PREFILL tokens of context: mainline llama-bench's -d (depth); ik_llama.cpp's
 # llama-bench has no -d but -gp PP,TG, which times only the TG tokens after a PP prompt.
-LB_HELP=$("$LB" --help 2>&1 || true)
-if [[ "$LB_HELP" == *"--n-depth"* ]]; then DECODE_AT=(-n "$DECODE" -d "$PREFILL")
-elif [[ "$LB_HELP" == *"-gp <pp,tg>"* ]]; then DECODE_AT=(-n 0 -gp "$PREFILL,$DECODE")
-else die "$LB has neither -d (depth) nor -gp: cannot time decode at a context"; fi
-llama_cmd() {  # FTYPE KIND -> CMD, the llama-bench command line
-  local extra=(${LLAMA_ARGS:-})
-  if [ "$2" = prefill ]; then CMD=("$LB" -m "$(gguf_of "$1")" -t "$THREADS" -p "$PREFILL" -n 0 -r 1 -o json "${extra[@]}")
-  else CMD=("$LB" -m "$(gguf_of "$1")" -t "$THREADS" -p 0 "${DECODE_AT[@]}" -r 1 -o json "${extra[@]}"); fi
+DECODE_AT=()  # per peer, its flags as one string
+for i in "${!PEER_LB[@]}"; do
+  LB_HELP=$("${PEER_LB[$i]}" --help 2>&1 || true)
+  if [[ "$LB_HELP" == *"--n-depth"* ]]; then DECODE_AT+=("-n $DECODE -d $PREFILL")
+  elif [[ "$LB_HELP" == *"-gp <pp,tg>"* ]]; then DECODE_AT+=("-n 0 -gp $PREFILL,$DECODE")
+  else die "${PEER_LB[$i]} has neither -d (depth) nor -gp: cannot time decode at a context"; fi
+done
+llama_cmd() {  # PEER_INDEX FTYPE KIND -> CMD, the llama-bench command line
+  local lb=${PEER_LB[$1]} extra=(${PEER_ARGS[$1]}) at=(${DECODE_AT[$1]})
+  if [ "$3" = prefill ]; then CMD=("$lb" -m "$(gguf_of "$2")" -t "$THREADS" -p "$PREFILL" -n 0 -r 1 -o json "${extra[@]}")
+  else CMD=("$lb" -m "$(gguf_of "$2")" -t "$THREADS" -p 0 "${at[@]}" -r 1 -o json "${extra[@]}"); fi
 }
 
 RES=$OUT/results.tsv
 : > "$RES"
-run_job() {  # ROUND moe MODE | ROUND llama FTYPE
-  local r=$1 eng=$2 c=$3 j kind
+run_job() {  # ROUND moe MODE | ROUND llama PEER_INDEX FTYPE
+  local r=$1 eng=$2 c=$3 j kind i
   if [ "$eng" = moe ]; then
     j=$OUT/moe-$c-r$r.json
     moe_cmd "$c"
@@ -173,16 +186,17 @@ print(f"{r}\tmoe\t{c}\tprefill\t{t['prefill_tokens_per_s']:.3f}")
 print(f"{r}\tmoe\t{c}\tdecode\t{t['decode_tokens_per_s']:.3f}")
 EOF
   else
+    i=$3 c=$4
     for kind in prefill decode; do
-      j=$OUT/llama-$c-$kind-r$r.json
-      llama_cmd "$c" $kind
-      "${CMD[@]}" > "$j" 2> "$OUT/llama-$c-$kind-r$r.err" \
-        || die "llama-bench $c $kind failed: $(tail -3 "$OUT/llama-$c-$kind-r$r.err")"
-      python3 - "$j" "$r" "$c" "$kind" >> "$RES" <<'EOF'
+      j=$OUT/llama$i-$c-$kind-r$r.json
+      llama_cmd "$i" "$c" $kind
+      "${CMD[@]}" > "$j" 2> "$OUT/llama$i-$c-$kind-r$r.err" \
+        || die "${PEER_NAME[$i]}'s llama-bench $c $kind failed: $(tail -3 "$OUT/llama$i-$c-$kind-r$r.err")"
+      python3 - "$j" "$r" "$c" "$kind" "$i" >> "$RES" <<'EOF'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 assert len(rows) == 1, rows
-print(f"{sys.argv[2]}\tllama\t{sys.argv[3]}\t{sys.argv[4]}\t{rows[0]['avg_ts']:.3f}")
+print(f"{sys.argv[2]}\tllama{sys.argv[5]}\t{sys.argv[3]}\t{sys.argv[4]}\t{rows[0]['avg_ts']:.3f}")
 EOF
     done
   fi
@@ -215,30 +229,35 @@ LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|fma|f16c|avx512f|avx512_bf16|avx512_vnni|avx_vnni|amx_tile' | tr '\n' ' ')
 # llama-bench's JSON names its build (build_commit, build_number).
-LLAMA_COMMIT=$(python3 -c '
+peer_commit() {  # PEER_INDEX
+  python3 -c '
 import glob, json, sys
-f = sorted(glob.glob(sys.argv[1] + "/llama-*.json"))
+f = sorted(glob.glob(sys.argv[1] + "/llama" + sys.argv[2] + "-*.json"))
 r = json.load(open(f[0]))[0] if f else {}
-print("commit %s, build %s" % (r.get("build_commit", "?"), r.get("build_number", "?")))' "$OUT")
+print("commit %s, build %s" % (r.get("build_commit", "?"), r.get("build_number", "?")))' "$OUT" "$1"
+}
 MOE_COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo "?")
 
 echo
-PEER=${PEER:-llama.cpp}
-echo "moe-ep vs $PEER: $R round(s) $T0 .. $T1, $THREADS threads, prefill $PREFILL tokens, decode $DECODE tokens at batch 1"
+NAMES=$(IFS=,; echo "${PEER_NAME[*]}")
+echo "moe-ep vs ${NAMES//,/ and }: $R round(s) $T0 .. $T1, $THREADS threads, prefill $PREFILL tokens, decode $DECODE tokens at batch 1"
 echo "CPU: $CPU; flags: $FLAGS; load average before: $LOAD0, after: $LOAD1"
-echo "moe-ep: $MOE_EP (checkout $MOE_COMMIT); $PEER: $LB ($LLAMA_COMMIT${LLAMA_ARGS:+, flags $LLAMA_ARGS}); checkpoint: $CKPT; GGUFs: $GGUF_DIR; raw: $OUT"
+echo "moe-ep: $MOE_EP (checkout $MOE_COMMIT); checkpoint: $CKPT; GGUFs: $GGUF_DIR; raw: $OUT"
+for i in "${!PEER_LB[@]}"; do
+  echo "${PEER_NAME[$i]}: ${PEER_LB[$i]} ($(peer_commit "$i")${PEER_ARGS[$i]:+, flags ${PEER_ARGS[$i]}})"
+done
 [ "$FLOOR" = 1 ] && echo "read bandwidth (moe-ep probe, GB/s): before ${BW0:-?}, after ${BW1:-?}"
 for s in "${SKIPPED[@]}"; do echo "skipped: $s"; done
 W4_GROUP=${INT4_GROUP:-$("$MOE_EP" generate --help 2>&1 | sed -n 's/.*--int4-group[^=[]*[=[]\([0-9]*\).*/\1/p' | head -1)}
 for job in "${JOBS[@]}"; do
   set -- $job
   if [ "$1" = moe ]; then moe_cmd "$2"; echo "command: ${CMD[*]/"@$IDS_FILE"/@\$IDS_FILE} --output-json F"
-  else for k in prefill decode; do llama_cmd "$2" $k; echo "command: ${CMD[*]}"; done; fi
+  else for k in prefill decode; do llama_cmd "$2" "$3" $k; echo "command: ${CMD[*]}"; done; fi
 done
 echo "(\$IDS_FILE: $PREFILL prompt ids, id j = (17 + 104729 j) mod ($VOCAB - 256))"
 [[ " ${JOBS[*]} " == *" moe w4a8 "* ]] && echo "(w4a8's bytes per token counted with --int4-group ${W4_GROUP:-32})"
 echo
-PYTHONPATH="$REPO/tools" python3 - "$RES" "$CKPT" "$GGUF_DIR" "$FLOOR" "${BW0:-0}" "${BW1:-0}" "$PREFILL" "$DECODE" "${W4_GROUP:-32}" "$LINEARS" <<'EOF'
+PYTHONPATH="$REPO/tools" python3 - "$RES" "$CKPT" "$GGUF_DIR" "$FLOOR" "${BW0:-0}" "${BW1:-0}" "$PREFILL" "$DECODE" "${W4_GROUP:-32}" "$LINEARS" "${PEER_NAME[@]}" <<'EOF'
 import glob, json, os, statistics, struct, sys
 from gguf_sizes import gguf_infos, kind_of, moe_step_bytes
 res, ckpt, gguf_dir, floor = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
@@ -246,6 +265,7 @@ bw = max(float(sys.argv[5] or 0), float(sys.argv[6] or 0))
 prefill, decode, w4_group = int(sys.argv[7]), int(sys.argv[8]), int(sys.argv[9])
 linears_q8 = sys.argv[10] == "w8a8"  # attention projections and lm_head int8 in the quantised modes
 linears_q4 = sys.argv[10] == "w4a8"  # ... or int4 + an f32 scale and a u8 zero point per group
+peers = sys.argv[11:]  # the peers' names, by index: results rows "llama0", "llama1"
 vals = {}
 for line in open(res):
     r, eng, case, kind, tps = line.split("\t")
@@ -318,22 +338,25 @@ def fmt(x): return f"{x:.1f}" if x else "-"
 def ratio(a, b): return f"{a / b:.2f}" if a and b else "-"
 pairs = [("bf16", "BF16"), ("w8a8", "Q8_0"), ("w4a8", "Q4_0"), ("w4a8", "Q4_K_M")]
 pairs += sorted({(c, c[5:]) for (e, c, k) in med if c.startswith("gguf:")})
-peer = os.environ.get("PEER", "llama.cpp")
-print(f"| moe-ep | {peer} | decode moe-ep | decode {peer} | ratio | prefill moe-ep | prefill {peer} | ratio |"
-      + (f" MB/token moe-ep / {peer} | floor frac moe-ep / {peer} |" if floor else ""))
-print("|---|---|---|---|---|---|---|---|" + ("---|---|" if floor else ""))
-for m, t in pairs:
-    md, ld = med.get(("moe", m, "decode")), med.get(("llama", t, "decode"))
-    mp, lp = med.get(("moe", m, "prefill")), med.get(("llama", t, "prefill"))
-    row = f"| {m} | {t} | {fmt(md)} | {fmt(ld)} | {ratio(md, ld)} | {fmt(mp)} | {fmt(lp)} | {ratio(mp, lp)} |"
-    if floor:
-        g = glob.glob(f"{gguf_dir}/*-{t}.gguf")
-        mb = (moe_gguf_bytes(g[0]) if m.startswith("gguf:") else moe_bytes(m)) if md else 0
-        lb = gguf_bytes(g[0]) if g and ld else 0
-        fr = lambda tps, b: f"{tps * b / (bw * 1e9):.2f}" if tps and b and bw else "-"
-        mbs = lambda b: f"{b / 1e6:.0f}" if b else "-"
-        row += f" {mbs(mb)} / {mbs(lb)} | {fr(md, mb)} / {fr(ld, lb)} |"
-    print(row)
-print(f"\ntokens/s, median of {len(next(iter(vals.values()))) if vals else 0} round(s); ratio = moe-ep / {peer}"
+for pi, peer in enumerate(peers):  # one table per peer, the same moe-ep medians in each
+    eng = f"llama{pi}"
+    if pi: print()
+    print(f"| moe-ep | {peer} | decode moe-ep | decode {peer} | ratio | prefill moe-ep | prefill {peer} | ratio |"
+          + (f" MB/token moe-ep / {peer} | floor frac moe-ep / {peer} |" if floor else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if floor else ""))
+    for m, t in pairs:
+        md, ld = med.get(("moe", m, "decode")), med.get((eng, t, "decode"))
+        mp, lp = med.get(("moe", m, "prefill")), med.get((eng, t, "prefill"))
+        if md is None and mp is None: continue  # a moe-ep mode this run left out
+        row = f"| {m} | {t} | {fmt(md)} | {fmt(ld)} | {ratio(md, ld)} | {fmt(mp)} | {fmt(lp)} | {ratio(mp, lp)} |"
+        if floor:
+            g = glob.glob(f"{gguf_dir}/*-{t}.gguf")
+            mb = (moe_gguf_bytes(g[0]) if m.startswith("gguf:") else moe_bytes(m)) if md else 0
+            lb = gguf_bytes(g[0]) if g and ld else 0
+            fr = lambda tps, b: f"{tps * b / (bw * 1e9):.2f}" if tps and b and bw else "-"
+            mbs = lambda b: f"{b / 1e6:.0f}" if b else "-"
+            row += f" {mbs(mb)} / {mbs(lb)} | {fr(md, mb)} / {fr(ld, lb)} |"
+        print(row)
+print(f"\ntokens/s, median of {len(next(iter(vals.values()))) if vals else 0} round(s); ratio = moe-ep / the table's peer"
       + (f"; floor frac = decode tokens/s x bytes per token / {bw:.1f} GB/s" if floor else ""))
 EOF
